@@ -1,0 +1,46 @@
+import random
+from unittest import mock
+
+import numpy as np
+import pytest
+import torch
+
+from tutorial_lib.device import describe, pick_device, seed_everything
+
+
+def test_pick_device_prefers_cuda_then_mps_then_cpu():
+    with mock.patch("torch.cuda.is_available", return_value=True), \
+            mock.patch("torch.backends.mps.is_available", return_value=True):
+        assert pick_device().type == "cuda"
+    with mock.patch("torch.cuda.is_available", return_value=False), \
+            mock.patch("torch.backends.mps.is_available", return_value=True):
+        assert pick_device().type == "mps"
+    with mock.patch("torch.cuda.is_available", return_value=False), \
+            mock.patch("torch.backends.mps.is_available", return_value=False):
+        assert pick_device().type == "cpu"
+
+
+def test_pick_device_refuses_what_is_missing():
+    with mock.patch("torch.cuda.is_available", return_value=False):
+        with pytest.raises(ValueError, match="not available"):
+            pick_device("cuda")
+    with pytest.raises(ValueError, match="must be one of"):
+        pick_device("tpu")
+    assert pick_device("cpu").type == "cpu"
+    assert describe(torch.device("cpu")).startswith("cpu (")
+
+
+def test_seed_everything_makes_every_generator_repeat():
+    def draw():
+        return random.random(), float(np.random.rand()), torch.rand(3)
+
+    g1 = seed_everything(123)
+    first, gen_first = draw(), torch.rand(2, generator=g1)
+    g2 = seed_everything(123)
+    second, gen_second = draw(), torch.rand(2, generator=g2)
+    assert first[:2] == second[:2]
+    assert torch.equal(first[2], second[2]) and torch.equal(gen_first, gen_second)
+    seed_everything(124)
+    assert draw()[0] != first[0]
+    with pytest.raises(ValueError, match="non-negative int"):
+        seed_everything(-1)

@@ -1,0 +1,279 @@
+"""Scaled dot-product attention and multi-head attention (self, cross, grouped-query).
+
+Two paths give the same numbers:
+
+* the written-out :func:`scaled_dot_product_attention`, which returns the attention weights
+  (for plots and for learning), and
+* PyTorch's fused ``F.scaled_dot_product_attention``, the default inside
+  :class:`MultiHeadAttention` because it is faster and needs less memory.
+
+Masks are boolean, ``True`` = may attend, broadcastable to (B, h, T, S). A query whose row
+allows no key at all gets an output of zeros (not NaN).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .masks import causal_mask, combine
+
+
+class AttentionOutput(NamedTuple):
+    """What attention returns: the output and, when asked for, the weights (B, h, T, S)."""
+
+    out: Tensor
+    weights: Tensor | None
+
+
+def _shape(t: Tensor) -> tuple[int, ...]:
+    return tuple(t.shape)
+
+
+def check_attention_inputs(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
+                           bias: Tensor | None = None) -> None:
+    """Raise ``ValueError`` unless q (B, h, T, d_k), k and v (B, h_kv, S, d_k) and the mask
+    and bias fit together."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 4:
+            raise ValueError(f"{name} must have 4 dimensions (B, heads, length, d_k), got shape {_shape(t)}")
+    if not (q.size(0) == k.size(0) == v.size(0)):
+        raise ValueError(f"batch sizes differ: q {q.size(0)}, k {k.size(0)}, v {v.size(0)}")
+    if q.size(-1) != k.size(-1):
+        raise ValueError(f"q and k must have the same d_k, got {q.size(-1)} and {k.size(-1)}")
+    if k.size(1) != v.size(1) or k.size(2) != v.size(2):
+        raise ValueError(f"k and v must have the same heads and length, got {_shape(k)} and {_shape(v)}")
+    if q.size(1) % k.size(1):
+        raise ValueError(
+            f"the number of query heads ({q.size(1)}) must be a multiple of the key/value heads ({k.size(1)})"
+        )
+    target = (q.size(0), q.size(1), q.size(2), k.size(2))  # (B, h, T, S)
+    for name, m in (("mask", mask), ("bias", bias)):
+        if m is None:
+            continue
+        if name == "mask" and m.dtype != torch.bool:
+            raise ValueError(
+                f"mask must be boolean (True = may attend), got dtype {m.dtype}; "
+                "convert an additive float mask with tutorial_lib.masks.from_additive"
+            )
+        if name == "bias" and not m.is_floating_point():
+            raise ValueError(f"bias must be a floating-point tensor, got dtype {m.dtype}")
+        try:
+            broadcast = torch.broadcast_shapes(m.shape, target)
+        except RuntimeError:
+            broadcast = None
+        if m.dim() > 4 or broadcast != target:
+            raise ValueError(f"{name} of shape {_shape(m)} does not broadcast to (B, h, T, S) = {target}")
+
+
+def repeat_kv(x: Tensor, n_rep: int) -> Tensor:
+    """(B, h_kv, S, d_k) -> (B, h_kv * n_rep, S, d_k): each key/value head serves n_rep query
+    heads (grouped-query attention); query head i reads key/value head i // n_rep."""
+    return x if n_rep == 1 else x.repeat_interleave(n_rep, dim=1)
+
+
+def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, *,
+                                 bias: Tensor | None = None, dropout_p: float = 0.0) -> AttentionOutput:
+    """softmax(q k^T / sqrt(d_k) + bias, masked) v, written out. Returns (out, weights).
+
+    q: (B, h, T, d_k); k, v: (B, h_kv, S, d_k) with h a multiple of h_kv; mask: boolean,
+    True = may attend, broadcastable to (B, h, T, S); bias: an additive float term with the
+    same broadcasting (ALiBi, relative positions). The returned weights are before dropout.
+    """
+    check_attention_inputs(q, k, v, mask, bias)
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must lie in [0, 1), got {dropout_p}")
+    n_rep = q.size(1) // k.size(1)
+    k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)  # (B, h, S, d_k)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, h, T, S)
+    if bias is not None:
+        scores = scores + bias
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+        # A row with no allowed key would be softmax(all -inf) = NaN. Give it finite scores;
+        # its weights are zeroed below, so its output is 0.
+        scores = scores.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
+    weights = scores.softmax(dim=-1)
+    if mask is not None:
+        weights = weights.masked_fill(~mask, 0.0)  # exact zeros at masked keys and empty rows
+    dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
+    return AttentionOutput(dropped @ v, weights)  # (B, h, T, d_k), (B, h, T, S)
+
+
+def fused_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, *,
+                    bias: Tensor | None = None, dropout_p: float = 0.0,
+                    is_causal: bool = False) -> Tensor:
+    """The same computation through ``torch.nn.functional.scaled_dot_product_attention``.
+
+    ``is_causal`` asks for the causal mask of a square (T == S) problem without building it.
+    Rows with no allowed key return zeros, as in the written-out version.
+    """
+    check_attention_inputs(q, k, v, mask, bias)
+    T, S = q.size(-2), k.size(-2)
+    if is_causal and (mask is not None or bias is not None or T != S):
+        # SDPA's own is_causal aligns the triangle top-left; we need it bottom-right when
+        # keys are cached (S > T), and it cannot be combined with a mask. Build it instead.
+        mask = combine(mask, causal_mask(T, S, device=q.device))
+        is_causal = False
+    attn_mask = mask
+    if bias is not None:
+        attn_mask = bias.to(q.dtype) if mask is None else bias.to(q.dtype).masked_fill(~mask, float("-inf"))
+    out = F.scaled_dot_product_attention(
+        q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+        enable_gqa=q.size(1) != k.size(1),
+    )
+    if mask is not None:
+        out = out.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)  # empty rows: 0, never NaN
+    return out  # (B, h, T, d_k)
+
+
+class LayerKVCache:
+    """Keys and values of one attention layer, kept across decoding steps.
+
+    Self-attention appends the new step's keys and values; cross-attention stores the
+    encoder's keys and values once and reads them at every later step.
+    """
+
+    def __init__(self) -> None:
+        self.keys: Tensor | None = None  # (B, h_kv, S, d_k)
+        self.values: Tensor | None = None
+
+    def __len__(self) -> int:
+        return 0 if self.keys is None else self.keys.size(-2)
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Add the keys and values of new positions; return all of them so far."""
+        if self.keys is None:
+            self.keys, self.values = k, v
+        else:
+            if k.shape[:2] != self.keys.shape[:2] or k.size(-1) != self.keys.size(-1):
+                raise ValueError(
+                    f"new keys of shape {_shape(k)} do not fit the cached keys {_shape(self.keys)}"
+                )
+            self.keys = torch.cat((self.keys, k), dim=-2)  # (B, h_kv, S + T, d_k)
+            self.values = torch.cat((self.values, v), dim=-2)
+        return self.keys, self.values
+
+    def nbytes(self) -> int:
+        if self.keys is None:
+            return 0
+        return self.keys.numel() * self.keys.element_size() * 2
+
+
+class KVCache:
+    """The key/value caches of a whole stack, one :class:`LayerKVCache` per layer."""
+
+    def __init__(self, n_layers: int) -> None:
+        if n_layers < 1:
+            raise ValueError(f"n_layers must be >= 1, got {n_layers}")
+        self.layers = [LayerKVCache() for _ in range(n_layers)]
+
+    def __len__(self) -> int:
+        """How many positions are cached (the position of the next token)."""
+        return len(self.layers[0])
+
+    def __getitem__(self, i: int) -> LayerKVCache:
+        return self.layers[i]
+
+    def nbytes(self) -> int:
+        return sum(layer.nbytes() for layer in self.layers)
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention for self-attention, cross-attention and grouped-query attention.
+
+    One fused projection produces queries (``n_heads`` heads) and keys and values
+    (``n_kv_heads`` heads each, fewer than ``n_heads`` for grouped-query attention); its
+    rows are ordered [Q; K; V], the layout of ``nn.MultiheadAttention.in_proj_weight``.
+    For cross-attention the same matrix is used in two parts: Q from the target, K/V from
+    the context.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, *, n_kv_heads: int | None = None,
+                 head_dim: int | None = None, bias: bool = True, out_bias: bool | None = None,
+                 dropout: float = 0.0, rotary: nn.Module | None = None):
+        super().__init__()
+        n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+        if d_model < 1 or n_heads < 1 or n_kv_heads < 1:
+            raise ValueError(f"expected positive sizes, got d_model={d_model}, n_heads={n_heads}, "
+                             f"n_kv_heads={n_kv_heads}")
+        if head_dim is None:
+            if d_model % n_heads:
+                raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads}), "
+                                 "or give head_dim explicitly")
+            head_dim = d_model // n_heads
+        if n_heads % n_kv_heads:
+            raise ValueError(f"n_heads ({n_heads}) must be divisible by n_kv_heads ({n_kv_heads})")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must lie in [0, 1), got {dropout}")
+        self.d_model, self.n_heads, self.n_kv_heads, self.head_dim = d_model, n_heads, n_kv_heads, head_dim
+        self.dropout = dropout
+        self.q_size = n_heads * head_dim
+        self.kv_size = n_kv_heads * head_dim
+        self.qkv = nn.Linear(d_model, self.q_size + 2 * self.kv_size, bias=bias)
+        self.out = nn.Linear(self.q_size, d_model, bias=bias if out_bias is None else out_bias)
+        self.rotary = rotary
+
+    def _split_heads(self, x: Tensor, n: int) -> Tensor:
+        B, L, _ = x.shape
+        return x.view(B, L, n, self.head_dim).transpose(1, 2)  # (B, n, L, d_k)
+
+    def project(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries from x; keys and values from context (cross) or from x (self)."""
+        if context is None:
+            q, k, v = self.qkv(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        else:
+            w_q, w_kv = self.qkv.weight.split([self.q_size, 2 * self.kv_size], dim=0)
+            b_q, b_kv = (None, None) if self.qkv.bias is None else self.qkv.bias.split(
+                [self.q_size, 2 * self.kv_size])
+            q = F.linear(x, w_q, b_q)
+            k, v = F.linear(context, w_kv, b_kv).split([self.kv_size, self.kv_size], dim=-1)
+        return self._split_heads(q, self.n_heads), self._split_heads(k, self.n_kv_heads), \
+            self._split_heads(v, self.n_kv_heads)
+
+    def forward(self, x: Tensor, context: Tensor | None = None, mask: Tensor | None = None, *,
+                is_causal: bool = False, bias: Tensor | None = None,
+                cache: LayerKVCache | None = None, need_weights: bool = False) -> AttentionOutput:
+        """x: (B, T, d). context: (B, S, d) for cross-attention, None for self-attention.
+
+        ``cache``: for self-attention the new keys and values are appended and the new
+        queries sit at positions len(cache)..; for cross-attention the context's keys and
+        values are computed on the first call and reused afterwards.
+        ``need_weights=True`` takes the written-out path and returns the weights.
+        """
+        if x.dim() != 3 or x.size(-1) != self.d_model:
+            raise ValueError(f"x must have shape (B, T, d_model={self.d_model}), got {_shape(x)}")
+        if context is not None and (context.dim() != 3 or context.size(-1) != self.d_model
+                                    or context.size(0) != x.size(0)):
+            raise ValueError(f"context must have shape (B={x.size(0)}, S, d_model={self.d_model}), "
+                             f"got {_shape(context)}")
+        cross = context is not None
+        if cross and cache is not None and len(cache) > 0:
+            # Encoder keys/values were projected at the first step: only queries are new.
+            w_q = self.qkv.weight[: self.q_size]
+            b_q = None if self.qkv.bias is None else self.qkv.bias[: self.q_size]
+            q = self._split_heads(F.linear(x, w_q, b_q), self.n_heads)
+            k, v = cache.keys, cache.values
+        else:
+            q, k, v = self.project(x, context)  # (B, h, T, d_k), (B, h_kv, S, d_k) x 2
+            if self.rotary is not None and not cross:
+                offset = 0 if cache is None else len(cache)
+                q, k = self.rotary(q, k, offset)
+            if cache is not None:
+                k, v = cache.append(k, v)  # (B, h_kv, S_total, d_k)
+
+        dropout_p = self.dropout if self.training else 0.0
+        if need_weights:
+            if is_causal:
+                mask = combine(mask, causal_mask(q.size(-2), k.size(-2), device=q.device))
+            out, weights = scaled_dot_product_attention(q, k, v, mask, bias=bias, dropout_p=dropout_p)
+        else:
+            out = fused_attention(q, k, v, mask, bias=bias, dropout_p=dropout_p, is_causal=is_causal)
+            weights = None
+        B, _, T, _ = out.shape
+        out = out.transpose(1, 2).reshape(B, T, self.q_size)  # merge heads: (B, T, h * d_k)
+        return AttentionOutput(self.out(out), weights)  # (B, T, d)

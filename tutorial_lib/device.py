@@ -1,0 +1,62 @@
+"""Device choice and seeding, in one place, so no notebook hides state."""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+
+import numpy as np
+import torch
+
+
+def pick_device(prefer: str | None = None) -> torch.device:
+    """Return ``cuda`` if available, else ``mps`` (Apple GPUs), else ``cpu``.
+
+    ``prefer`` forces one of them (``"cpu"`` is handy for exact, repeatable runs); asking for
+    a device this machine does not have is a ``ValueError``.
+    """
+    available = {
+        "cuda": torch.cuda.is_available(),
+        "mps": bool(getattr(torch.backends, "mps", None)) and torch.backends.mps.is_available(),
+        "cpu": True,
+    }
+    if prefer is not None:
+        if prefer not in available:
+            raise ValueError(f"prefer must be one of {sorted(available)}, got {prefer!r}")
+        if not available[prefer]:
+            raise ValueError(f"device {prefer!r} was asked for but is not available here")
+        return torch.device(prefer)
+    for name in ("cuda", "mps", "cpu"):
+        if available[name]:
+            return torch.device(name)
+    raise AssertionError("unreachable: cpu is always available")
+
+
+def seed_everything(seed: int) -> torch.Generator:
+    """Seed Python, NumPy and PyTorch (CPU and every GPU) from one integer.
+
+    Returns a fresh CPU ``torch.Generator`` seeded the same way, for code that takes an
+    explicit generator (sampling, data order).
+    """
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)  # also seeds every CUDA device
+    os.environ["PYTHONHASHSEED"] = str(seed)  # for subprocesses started from here
+    return torch.Generator().manual_seed(seed)
+
+
+def in_colab() -> bool:
+    """True when running inside Google Colab."""
+    return "google.colab" in sys.modules
+
+
+def describe(device: torch.device) -> str:
+    """One line saying what will run the computations."""
+    if device.type == "cuda":
+        return f"cuda ({torch.cuda.get_device_name(device)}), torch {torch.__version__}"
+    if device.type == "mps":
+        return f"mps (Apple GPU), torch {torch.__version__}"
+    return f"cpu ({torch.get_num_threads()} threads), torch {torch.__version__}"

@@ -1,0 +1,131 @@
+"""How a graded exercise works.
+
+An :class:`Exercise` holds crafted inputs, a reference solution and the usual mistakes,
+each written as a small wrong implementation with a hint. :func:`grade` runs the learner's
+function on every input and compares with the reference; when the answer is wrong it looks
+for the mistake whose outputs the learner's function reproduces and names it.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+PASSED, NOT_ATTEMPTED, MISTAKE, WRONG, ERROR = "passed", "not attempted", "mistake", "wrong", "error"
+_ICONS = {PASSED: "✅", NOT_ATTEMPTED: "⏳", MISTAKE: "❌", WRONG: "❌", ERROR: "💥"}
+
+
+@dataclass(frozen=True)
+class Mistake:
+    """A usual mistake, as a wrong implementation, and what to tell the learner."""
+
+    fn: Callable
+    hint: str
+
+
+@dataclass(frozen=True)
+class Exercise:
+    name: str
+    task: str  # one sentence: what the learner's function must do
+    cases: Callable[[], list[tuple]]  # fresh argument tuples on every call
+    reference: Callable
+    mistakes: dict[str, Mistake] = field(default_factory=dict)
+    atol: float = 1e-5
+
+
+@dataclass(frozen=True)
+class Result:
+    """The grade of one attempt; a notebook cell shows it as one line."""
+
+    name: str
+    status: str
+    message: str
+
+    @property
+    def passed(self) -> bool:
+        return self.status == PASSED
+
+    def __str__(self) -> str:
+        return f"{_ICONS[self.status]} {self.name}: {self.message}"
+
+    __repr__ = __str__
+
+
+def same(a, b, atol: float = 1e-5) -> bool:
+    """Equal values: tensors of equal shape within ``atol``, containers element by element."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+            return False
+        if a.shape != b.shape:
+            return False
+        if a.dtype == torch.bool or b.dtype == torch.bool:
+            return a.dtype == b.dtype and bool(torch.equal(a, b))
+        a, b = a.detach().double(), b.detach().double()
+        return bool(torch.allclose(a, b, atol=atol, rtol=1e-4, equal_nan=True))
+    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
+        return len(a) == len(b) and all(same(x, y, atol) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k], atol) for k in a)
+    if isinstance(a, float) or isinstance(b, float):
+        try:
+            return abs(float(a) - float(b)) <= atol + 1e-4 * abs(float(b))
+        except (TypeError, ValueError):
+            return False
+    return a == b
+
+
+def _describe(value) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"tensor of shape {tuple(value.shape)} ({value.dtype})"
+    return repr(value)[:80]
+
+
+def _difference(got, expected) -> str:
+    if isinstance(got, torch.Tensor) and isinstance(expected, torch.Tensor):
+        if got.shape != expected.shape:
+            return f"expected shape {tuple(expected.shape)}, got {tuple(got.shape)}"
+        if got.dtype != expected.dtype and torch.bool in (got.dtype, expected.dtype):
+            return f"expected dtype {expected.dtype}, got {got.dtype}"
+        diff = (got.detach().double() - expected.detach().double()).abs()
+        where = tuple(int(i) for i in torch.nonzero(diff == diff.max())[0])
+        return f"largest difference {diff.max().item():.3g} at index {where}"
+    return f"expected {_describe(expected)}, got {_describe(got)}"
+
+
+def _run(fn: Callable, args: tuple):
+    return fn(*copy.deepcopy(args))
+
+
+def grade(exercise: Exercise, fn: Callable) -> Result:
+    """Run ``fn`` on the exercise's cases and say what is right or wrong."""
+    name = exercise.name
+    cases = exercise.cases()
+    expected = [_run(exercise.reference, args) for args in cases]
+    got = []
+    for i, args in enumerate(cases):
+        try:
+            got.append(_run(fn, args))
+        except NotImplementedError:
+            return Result(name, NOT_ATTEMPTED, "not attempted yet: replace `raise NotImplementedError` "
+                                               "with your code and run the cell again")
+        except Exception as err:  # the learner's code failed: report, never stop the notebook
+            return Result(name, ERROR, f"case {i} raised {type(err).__name__}: {err}")
+    if all(same(g, e, exercise.atol) for g, e in zip(got, expected)):
+        return Result(name, PASSED, f"correct on all {len(cases)} cases")
+    for label, mistake in exercise.mistakes.items():
+        try:
+            theirs = [_run(mistake.fn, args) for args in cases]
+        except Exception:
+            continue
+        if all(same(g, t, exercise.atol) for g, t in zip(got, theirs)):
+            return Result(name, MISTAKE, f"looks like '{label}'. {mistake.hint}")
+    first = next(i for i, (g, e) in enumerate(zip(got, expected)) if not same(g, e, exercise.atol))
+    return Result(name, WRONG, f"case {first}: {_difference(got[first], expected[first])}")
+
+
+def source_of(fn: Callable) -> str:
+    return inspect.getsource(fn)

@@ -1,0 +1,150 @@
+"""Position information: sinusoidal table, learned table, rotary embedding (RoPE), ALiBi bias.
+
+Attention on its own is permutation-equivariant; each of these breaks that symmetry in a
+different place: added to the embeddings (sinusoidal, learned), rotating queries and keys
+(RoPE), or added to the attention scores (ALiBi).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+
+def sinusoidal_table(T: int, d: int, base: float = 10000.0) -> Tensor:
+    """The table of Vaswani et al. (2017), shape (T, d).
+
+    PE[p, 2i] = sin(p / base^(2i/d)) and PE[p, 2i+1] = cos(p / base^(2i/d)).
+    """
+    if T < 1 or d < 2 or d % 2:
+        raise ValueError(f"expected T >= 1 and an even d >= 2, got T={T}, d={d}")
+    position = torch.arange(T, dtype=torch.float64).unsqueeze(1)  # (T, 1)
+    two_i = torch.arange(0, d, 2, dtype=torch.float64)  # (d/2,)
+    angle = position / base ** (two_i / d)  # (T, d/2)
+    table = torch.empty(T, d, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(angle)
+    table[:, 1::2] = torch.cos(angle)
+    return table.float()
+
+
+class SinusoidalPositions(nn.Module):
+    """Fixed sinusoidal position vectors, looked up by position (no parameters)."""
+
+    def __init__(self, max_len: int, d_model: int):
+        super().__init__()
+        self.max_len = max_len
+        self.register_buffer("table", sinusoidal_table(max_len, d_model), persistent=False)
+
+    def forward(self, T: int, offset: int = 0) -> Tensor:
+        if offset + T > self.max_len:
+            raise ValueError(
+                f"positions {offset}..{offset + T - 1} requested, but the table holds {self.max_len}"
+            )
+        return self.table[offset : offset + T]  # (T, d)
+
+
+class LearnedPositions(nn.Module):
+    """A learned table of ``max_len`` position vectors. It has nothing past ``max_len``."""
+
+    def __init__(self, max_len: int, d_model: int):
+        super().__init__()
+        self.max_len = max_len
+        self.embedding = nn.Embedding(max_len, d_model)
+
+    def forward(self, T: int, offset: int = 0) -> Tensor:
+        if offset + T > self.max_len:
+            raise ValueError(
+                f"a learned position table of length {self.max_len} has no vector for positions "
+                f"{self.max_len}..{offset + T - 1} (asked for {T} positions from offset {offset})"
+            )
+        index = torch.arange(offset, offset + T, device=self.embedding.weight.device)
+        return self.embedding(index)  # (T, d)
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    """Split the last dimension in two halves (x1, x2) and return (-x2, x1).
+
+    This is the half-split pairing used by Hugging Face's LLaMA: dimension i is rotated
+    together with dimension i + d/2.
+    """
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate ``x`` (..., T, d_k) by the angles whose cos/sin are given, shape (T, d_k)."""
+    return x * cos + rotate_half(x) * sin
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotary position embedding (Su et al., 2021) for heads of width ``head_dim``.
+
+    Pair (i, i + d/2) of a query or key at position p is rotated by the angle
+    p * base^(-2i/d). The score between a query at m and a key at n then depends only on
+    m - n. ``offset`` is the position of the first of the T vectors (the cache length
+    during cached decoding).
+    """
+
+    def __init__(self, head_dim: int, base: float = 10000.0):
+        super().__init__()
+        if head_dim < 2 or head_dim % 2:
+            raise ValueError(f"RoPE needs an even head_dim >= 2, got {head_dim}")
+        self.head_dim = head_dim
+        self.base = base
+        inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def cos_sin(self, T: int, offset: int = 0, *, dtype=torch.float32) -> tuple[Tensor, Tensor]:
+        position = torch.arange(offset, offset + T, device=self.inv_freq.device, dtype=torch.float32)
+        angle = torch.outer(position, self.inv_freq)  # (T, d_k/2)
+        angle = torch.cat((angle, angle), dim=-1)  # (T, d_k): the same angle for i and i + d/2
+        return angle.cos().to(dtype), angle.sin().to(dtype)
+
+    def forward(self, q: Tensor, k: Tensor, offset: int = 0) -> tuple[Tensor, Tensor]:
+        """Rotate q (B, h, T, d_k) and k (B, h_kv, T, d_k) that sit at positions offset.."""
+        if q.size(-1) != self.head_dim or k.size(-1) != self.head_dim:
+            raise ValueError(
+                f"RotaryEmbedding was built for head_dim={self.head_dim}, "
+                f"got q and k with last dimension {q.size(-1)} and {k.size(-1)}"
+            )
+        cos, sin = self.cos_sin(q.size(-2), offset, dtype=q.dtype)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+
+
+def alibi_slopes(n_heads: int) -> Tensor:
+    """Per-head slopes of ALiBi (Press et al., 2022).
+
+    For n a power of two: the geometric sequence 2^(-8/n), 2^(-16/n), ..., 2^(-8).
+    Otherwise the published rule: the slopes of the closest smaller power of two n', then
+    every other slope of 2n' until there are n.
+    """
+    if isinstance(n_heads, bool) or not isinstance(n_heads, int) or n_heads < 1:
+        raise ValueError(f"n_heads must be a positive int, got {n_heads!r}")
+
+    def geometric(n: int) -> list[float]:
+        start = 2 ** (-8 / n)
+        return [start ** (i + 1) for i in range(n)]
+
+    if math.log2(n_heads).is_integer():
+        slopes = geometric(n_heads)
+    else:
+        closest = 2 ** math.floor(math.log2(n_heads))
+        slopes = geometric(closest) + geometric(2 * closest)[0::2][: n_heads - closest]
+    return torch.tensor(slopes, dtype=torch.float32)
+
+
+def alibi_bias(n_heads: int, T: int, S: int | None = None) -> Tensor:
+    """Additive ALiBi bias of shape (h, T, S): -slope_h * |i - j|.
+
+    The queries are the last T of S positions (as in cached decoding). For a causal model
+    only j <= i is ever used, where this is the published -slope * (i - j).
+    """
+    S = T if S is None else S
+    if T < 1 or S < T:
+        raise ValueError(f"expected 1 <= T <= S, got T={T}, S={S}")
+    rows = torch.arange(T).unsqueeze(1) + (S - T)  # absolute query positions (T, 1)
+    cols = torch.arange(S).unsqueeze(0)  # (1, S)
+    distance = (rows - cols).abs().float()  # (T, S)
+    return -alibi_slopes(n_heads)[:, None, None] * distance  # (h, T, S)
