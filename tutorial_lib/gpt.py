@@ -1,0 +1,73 @@
+"""A decoder-only language model: the GPT flavour and the LLaMA flavour from the same code.
+
+GPT (Radford et al., 2019): learned positions, LayerNorm, GELU, biases, tied embeddings.
+LLaMA (Touvron et al., 2023): RoPE, RMSNorm, SwiGLU, grouped-query attention, no biases,
+an untied output head. Which one you get is decided by the :class:`ModelConfig` alone.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .attention import KVCache
+from .config import ModelConfig
+from .layers import Embeddings, TransformerBlock, init_weights, make_norm, make_rotary, position_bias, stack_weights
+
+
+class LMOutput(NamedTuple):
+    logits: Tensor  # (B, T, V)
+    loss: Tensor | None  # mean cross-entropy over targets != ignore_index
+    attn: Tensor | None  # (L, B, h, T, S) when need_weights=True
+
+
+class DecoderOnlyLM(nn.Module):
+    """Token ids -> next-token logits, with a causal mask (or the mask you give)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        if cfg.family != "decoder":
+            raise ValueError(f"DecoderOnlyLM needs family='decoder', got {cfg.family!r}")
+        self.cfg = cfg
+        self.embed = Embeddings(cfg)
+        self.rotary = make_rotary(cfg)
+        self.blocks = nn.ModuleList(TransformerBlock(cfg, self.rotary) for _ in range(cfg.n_layers))
+        self.final_norm = make_norm(cfg) if cfg.has_final_norm else nn.Identity()
+        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        init_weights(self, cfg)
+        if cfg.tie_embeddings:
+            self.head.weight = self.embed.tokens.weight  # one matrix: embedding in, logits out
+
+    def new_cache(self) -> KVCache:
+        return KVCache(self.cfg.n_layers)
+
+    def forward(self, ids: Tensor, targets: Tensor | None = None, *, cache: KVCache | None = None,
+                need_weights: bool = False, mask: Tensor | None = None,
+                ignore_index: int = -100) -> LMOutput:
+        """ids: (B, T). targets: (B, T) next tokens, ``ignore_index`` where there is none.
+
+        cache: a :class:`KVCache`; the ids then sit at positions len(cache).. and their keys
+        and values are appended. mask: a boolean mask (True = may attend) broadcastable to
+        (B, h, T, len(cache) + T) used *instead of* the causal mask (e.g. a prefix-LM mask).
+        """
+        offset = 0 if cache is None else len(cache)
+        T = ids.size(-1) if ids.dim() else 0
+        if offset + T > self.cfg.max_len:
+            raise ValueError(f"a context of {offset + T} tokens is longer than the model supports "
+                             f"(max_len={self.cfg.max_len}); crop the input to the last {self.cfg.max_len}")
+        x = self.embed(ids, offset)  # (B, T, d); checks ids
+        bias = position_bias(self.cfg, T, offset + T, x.device)  # (h, T, S) for ALiBi
+        weights = []
+        for i, block in enumerate(self.blocks):
+            x, w = block(x, mask, is_causal=mask is None, bias=bias,
+                         cache=None if cache is None else cache[i], need_weights=need_weights)
+            weights.append(w)
+        logits = self.head(self.final_norm(x))  # (B, T, V)
+        loss = None
+        if targets is not None:
+            if targets.shape != ids.shape:
+                raise ValueError(f"targets must have the shape of ids {tuple(ids.shape)}, got {tuple(targets.shape)}")
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=ignore_index)
+        return LMOutput(logits, loss, stack_weights(weights))

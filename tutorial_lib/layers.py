@@ -1,0 +1,245 @@
+"""The parts of a Transformer block around attention: feed-forward networks, norms, residual
+sublayers in both orders, the block itself, token embeddings, and weight initialisation."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .attention import LayerKVCache, MultiHeadAttention
+from .config import ModelConfig
+from .positions import LearnedPositions, RotaryEmbedding, SinusoidalPositions, alibi_bias
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm (Zhang & Sennrich, 2019): x / sqrt(mean(x^2) + eps) * g.
+
+    Unlike LayerNorm it does not subtract the mean and has no bias, only a learned scale g.
+    The epsilon sits inside the square root, as in ``torch.nn.RMSNorm`` and LLaMA.
+    """
+
+    def __init__(self, d: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d))
+
+    def forward(self, x: Tensor) -> Tensor:
+        x32 = x.float()  # the mean of squares in float32, also under bf16 autocast
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + self.eps)
+        return self.weight * normed.to(x.dtype)
+
+
+def make_norm(cfg: ModelConfig) -> nn.Module:
+    """The norm the config asks for, over d_model features."""
+    if cfg.norm == "rmsnorm":
+        return RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+    return nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=cfg.uses_bias("norm"))
+
+
+_ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
+    "relu": F.relu,
+    "gelu": F.gelu,
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),  # GPT-2's "gelu_new"
+    "swiglu": F.silu,  # the gate's activation in SwiGLU (Shazeer, 2020)
+    "geglu": F.gelu,  # ... and in GeGLU
+}
+
+
+class FeedForward(nn.Module):
+    """Position-wise feed-forward network.
+
+    Plain (``relu``, ``gelu``, ``gelu_tanh``): down(act(up(x))), two matrices.
+    Gated (``swiglu``, ``geglu``): down(act(gate(x)) * up(x)), three matrices.
+    The inner width defaults to 4 * d_model.
+    """
+
+    def __init__(self, d_model: int, d_ff: int | None = None, activation: str = "gelu", *,
+                 bias: bool = True, dropout: float = 0.0):
+        super().__init__()
+        if activation not in _ACTIVATIONS:
+            raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}")
+        d_ff = 4 * d_model if d_ff is None else d_ff
+        self.activation = activation
+        self.act = _ACTIVATIONS[activation]
+        self.gated = activation in ("swiglu", "geglu")
+        self.up = nn.Linear(d_model, d_ff, bias=bias)
+        self.gate = nn.Linear(d_model, d_ff, bias=bias) if self.gated else None
+        self.down = nn.Linear(d_ff, d_model, bias=bias)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:  # (B, T, d) -> (B, T, d)
+        hidden = self.act(self.gate(x)) * self.up(x) if self.gated else self.act(self.up(x))  # (B, T, d_ff)
+        return self.down(self.dropout(hidden))
+
+
+class Residual(nn.Module):
+    """A residual sublayer around ``fn``, in either order.
+
+    post-LN (Vaswani et al., 2017):  norm(x + dropout(fn(x)))
+    pre-LN  (GPT-2 and most models since):  x + dropout(fn(norm(x)))
+    """
+
+    def __init__(self, norm: nn.Module, order: str = "pre", dropout: float = 0.0):
+        super().__init__()
+        if order not in ("pre", "post"):
+            raise ValueError(f"order must be 'pre' or 'post', got {order!r}")
+        self.norm = norm
+        self.order = order
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor, fn: Callable[[Tensor], Tensor]) -> Tensor:
+        if self.order == "pre":
+            return x + self.dropout(fn(self.norm(x)))
+        return self.norm(x + self.dropout(fn(x)))
+
+
+def make_rotary(cfg: ModelConfig) -> RotaryEmbedding | None:
+    return RotaryEmbedding(cfg.d_k, cfg.rope_base) if cfg.positions == "rope" else None
+
+
+def position_bias(cfg: ModelConfig, T: int, S: int, device=None) -> Tensor | None:
+    """ALiBi's additive score bias (h, T, S) when the config uses it, else None."""
+    if cfg.positions != "alibi":
+        return None
+    return alibi_bias(cfg.n_heads, T, S).to(device)
+
+
+def stack_weights(weights: list) -> Tensor | None:
+    """Per-layer attention weights stacked to (L, B, h, T, S), or None when none were asked for."""
+    return torch.stack(weights) if weights and weights[0] is not None else None
+
+
+class BlockOutput(NamedTuple):
+    x: Tensor  # (B, T, d)
+    weights: Tensor | None  # (B, h, T, S) when asked for
+
+
+class TransformerBlock(nn.Module):
+    """Self-attention, then a feed-forward network, each inside a residual sublayer.
+
+    With a padding mask this is an encoder layer; with a causal mask it is the block of a
+    decoder-only language model (GPT, LLaMA). The norm order comes from the config.
+    """
+
+    def __init__(self, cfg: ModelConfig, rotary: nn.Module | None = None):
+        super().__init__()
+        self.attn = MultiHeadAttention(
+            cfg.d_model, cfg.n_heads, n_kv_heads=cfg.kv_heads, head_dim=cfg.d_k,
+            bias=cfg.uses_bias("qkv"), out_bias=cfg.uses_bias("out"), dropout=cfg.dropout,
+            rotary=rotary)
+        self.ffn = FeedForward(cfg.d_model, cfg.ffn_dim, cfg.ffn, bias=cfg.uses_bias("ffn"),
+                               dropout=cfg.dropout)
+        self.attn_sublayer = Residual(make_norm(cfg), cfg.norm_order, cfg.dropout)
+        self.ffn_sublayer = Residual(make_norm(cfg), cfg.norm_order, cfg.dropout)
+
+    def forward(self, x: Tensor, mask: Tensor | None = None, *, is_causal: bool = False,
+                bias: Tensor | None = None, cache: LayerKVCache | None = None,
+                need_weights: bool = False) -> BlockOutput:
+        weights = None
+
+        def attend(h: Tensor) -> Tensor:
+            nonlocal weights
+            out, weights = self.attn(h, mask=mask, is_causal=is_causal, bias=bias, cache=cache,
+                                     need_weights=need_weights)
+            return out
+
+        x = self.attn_sublayer(x, attend)
+        x = self.ffn_sublayer(x, self.ffn)
+        return BlockOutput(x, weights)
+
+
+def check_ids(ids: Tensor, vocab_size: int, name: str = "ids") -> None:
+    """Raise ValueError unless ids is an integer tensor (B, T) of values in [0, vocab_size)."""
+    if not isinstance(ids, Tensor) or ids.dim() != 2 or ids.dtype not in (torch.long, torch.int32, torch.int64):
+        shape = tuple(ids.shape) if isinstance(ids, Tensor) else type(ids).__name__
+        dtype = ids.dtype if isinstance(ids, Tensor) else None
+        raise ValueError(f"{name} must be an integer tensor of shape (B, T), got {shape} {dtype}")
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
+        raise ValueError(f"{name} must lie in [0, {vocab_size - 1}], got values from "
+                         f"{int(ids.min())} to {int(ids.max())}")
+
+
+def make_positions(cfg: ModelConfig) -> nn.Module | None:
+    """The position table added to the input vectors: learned, sinusoidal, or None (RoPE and
+    ALiBi act inside attention instead)."""
+    if cfg.positions == "learned":
+        return LearnedPositions(cfg.max_len, cfg.d_model)
+    if cfg.positions == "sinusoidal":
+        return SinusoidalPositions(cfg.max_len, cfg.d_model)
+    return None
+
+
+class Embeddings(nn.Module):
+    """Token ids (B, T) -> vectors (B, T, d): the token table, optionally scaled by sqrt(d),
+    plus learned or sinusoidal position vectors when the config uses them, then dropout.
+
+    ``vocab_size=0`` builds no token table: for a continuous frontend, call
+    :meth:`add_positions` on its output instead.
+    """
+
+    def __init__(self, cfg: ModelConfig, vocab_size: int | None = None):
+        super().__init__()
+        self.vocab_size = cfg.vocab_size if vocab_size is None else vocab_size
+        self.tokens = nn.Embedding(self.vocab_size, cfg.d_model) if self.vocab_size else None
+        self.scale = math.sqrt(cfg.d_model) if cfg.scale_embeddings else 1.0
+        self.max_len = cfg.max_len
+        self.positions = make_positions(cfg)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def add_positions(self, x: Tensor, offset: int = 0) -> Tensor:
+        """(B, T, d) vectors -> the same plus position vectors for positions offset.., dropout."""
+        T = x.size(1)
+        if offset + T > self.max_len:
+            raise ValueError(f"positions {offset}..{offset + T - 1} are past the model's context "
+                             f"of max_len={self.max_len}")
+        if self.positions is not None:
+            x = x + self.positions(T, offset)  # (T, d) broadcast over the batch
+        return self.dropout(x)
+
+    def forward(self, ids: Tensor, offset: int = 0) -> Tensor:
+        if self.tokens is None:
+            raise ValueError("these embeddings have no token table (vocab_size=0); use add_positions")
+        check_ids(ids, self.vocab_size)
+        return self.add_positions(self.tokens(ids) * self.scale, offset)  # (B, T, d)
+
+
+def init_weights(model: nn.Module, cfg: ModelConfig) -> None:
+    """Initialise a model built from ``cfg``, with the options practitioners use.
+
+    Every Linear and Embedding weight ~ N(0, init_std^2), biases 0, norm scales 1 (GPT-2's
+    scheme). Then, when the config asks:
+    ``qk_gain``: W_Q and W_K multiplied by it (a smaller gain keeps early attention logits
+    small); ``zero_init_out``: the output projection of every residual branch (attention's W_O,
+    the FFN's down matrix) starts at zero, so each block starts as the identity;
+    ``scale_residual_init``: those projections scaled by 1/sqrt(2 * n_layers) (GPT-2), so the
+    residual stream's variance does not grow with depth.
+    """
+    for module in model.modules():
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=cfg.init_std)
+            if getattr(module, "bias", None) is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, (nn.LayerNorm, RMSNorm)):
+            nn.init.ones_(module.weight)
+            if getattr(module, "bias", None) is not None:
+                nn.init.zeros_(module.bias)
+    n_residual = 2 * (cfg.n_layers + (cfg.decoder_layers if cfg.family == "encoder-decoder" else 0))
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, MultiHeadAttention):
+                module.qkv.weight[: module.q_size + module.kv_size].mul_(cfg.qk_gain)
+                outputs = [module.out.weight]
+            elif isinstance(module, FeedForward):
+                outputs = [module.down.weight]
+            else:
+                continue
+            for weight in outputs:
+                if cfg.zero_init_out:
+                    weight.zero_()
+                elif cfg.scale_residual_init:
+                    weight.mul_(1.0 / math.sqrt(n_residual))
