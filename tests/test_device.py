@@ -44,3 +44,22 @@ def test_seed_everything_makes_every_generator_repeat():
     assert draw()[0] != first[0]
     with pytest.raises(ValueError, match="non-negative int"):
         seed_everything(-1)
+
+
+def test_pick_setting_uses_the_gpu_setting_only_on_cuda():
+    from tutorial_lib.device import default_precision, pick_setting
+
+    cpu, gpu = {"d_model": 64, "steps": 300}, {"d_model": 256, "steps": 3000}
+    with mock.patch("torch.cuda.is_available", return_value=True):
+        assert pick_setting(cpu, gpu) == gpu
+    with mock.patch("torch.cuda.is_available", return_value=False), \
+            mock.patch("torch.backends.mps.is_available", return_value=False):
+        assert pick_setting(cpu, gpu) == cpu
+    assert pick_setting(cpu, gpu, device="cpu") == cpu
+    with mock.patch("torch.cuda.is_bf16_supported", return_value=True):
+        assert default_precision(torch.device("cuda")) == "bf16"
+    with mock.patch("torch.cuda.is_bf16_supported", return_value=False):
+        assert default_precision(torch.device("cuda")) == "fp32"
+    assert default_precision(torch.device("cpu")) == "fp32"
+    with pytest.raises(ValueError, match="same keys"):
+        pick_setting({"a": 1}, {"b": 2})

@@ -60,3 +60,24 @@ def describe(device: torch.device) -> str:
     if device.type == "mps":
         return f"mps (Apple GPU), torch {torch.__version__}"
     return f"cpu ({torch.get_num_threads()} threads), torch {torch.__version__}"
+
+
+def pick_setting(cpu: dict, gpu: dict, device: torch.device | None = None) -> dict:
+    """The setting a notebook should use here: ``gpu`` on a CUDA device, ``cpu`` elsewhere.
+
+    Training notebooks keep a small setting that runs in about two minutes on a 2-core CPU and
+    a bigger one (model size, steps) for a GPU; this picks by itself. Both dicts must have the
+    same keys.
+    """
+    if set(cpu) != set(gpu):
+        raise ValueError(f"cpu and gpu settings must have the same keys, got {sorted(cpu)} and {sorted(gpu)}")
+    device = pick_device() if device is None else torch.device(device)
+    return dict(gpu if device.type == "cuda" else cpu)
+
+
+def default_precision(device: torch.device) -> str:
+    """"bf16" on a CUDA GPU that supports it, else "fp32" (bf16 on a CPU is slower, not faster)."""
+    device = torch.device(device)
+    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return "bf16"
+    return "fp32"
