@@ -59,3 +59,14 @@ def test_notebook_checks_its_deterministic_outputs(path):
     code = ["".join(c["source"]) for c in load(path)["cells"] if c["cell_type"] == "code"]
     assert any("# NBVAL_CHECK_OUTPUT" in src for src in code), "no cell carries # NBVAL_CHECK_OUTPUT"
     assert any(re.search(r"^\s*assert ", src, re.M) for src in code), "no assert in the notebook"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_markdown_headings_are_not_commented_out(path):
+    for i, cell in enumerate(load(path)["cells"]):
+        if cell["cell_type"] != "markdown":
+            continue
+        for line in "".join(cell["source"]).splitlines():
+            assert not re.match(r"^# #", line), (
+                f"markdown cell {i} has a heading written as {line[:40]!r}: in the text form markdown "
+                "cells are raw markdown (write '## Title', not '# ## Title')")

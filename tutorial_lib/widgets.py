@@ -88,8 +88,8 @@ class AttentionExplorer:
         self.weights = _as_layers(weights)
         L, h, T, _ = self.weights.shape
         self.q_tokens, self.k_tokens = q_tokens, k_tokens
-        self.layer = W.IntSlider(value=0, min=0, max=L - 1, description="layer",
-                                 disabled=L == 1, continuous_update=False)
+        self.layer = W.IntSlider(value=0, min=0, max=L - 1, description="layer", continuous_update=False,
+                                 layout=W.Layout(display="none" if L == 1 else None))
         self.head = W.IntSlider(value=0, min=0, max=h - 1, description="head",
                                 continuous_update=False)
         self.query = W.IntSlider(value=0, min=0, max=T - 1, description="query",
