@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 LAB_START ?= notebooks/01_attention.ipynb
 
-.PHONY: install lab test unit notebooks bench lint clean
+.PHONY: install lab test unit notebooks bench site lint clean
 
 install: $(STAMP)
 
@@ -31,6 +31,9 @@ notebooks: install  ## re-execute every notebook in place, top to bottom, output
 
 bench: install  ## print the side-by-side benchmark ratios
 	for f in benchmarks/bench_*.py; do $(PY) $$f || exit 1; done
+
+site: install  ## render the executed notebooks to static HTML in site/ (index in curriculum order)
+	$(PY) tools/build_site.py --out site
 
 lint: install
 	$(PY) -m ruff check tutorial_lib tests benchmarks tools
