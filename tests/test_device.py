@@ -63,3 +63,13 @@ def test_pick_setting_uses_the_gpu_setting_only_on_cuda():
     assert default_precision(torch.device("cpu")) == "fp32"
     with pytest.raises(ValueError, match="same keys"):
         pick_setting({"a": 1}, {"b": 2})
+
+
+def test_check_environment_reports_ok_and_fail():
+    from tutorial_lib.device import check_environment
+
+    rows = check_environment(required=("torch", "surely_not_a_package_xyz"), optional=("also_missing_abc",))
+    assert rows[0][:2] == ("torch", "OK")
+    assert rows[0][2] in (torch.__version__, torch.__version__.split("+")[0])
+    assert rows[1][:2] == ("surely_not_a_package_xyz", "FAIL") and "ModuleNotFoundError" in rows[1][2]
+    assert rows[2][1] == "missing (optional)"

@@ -81,3 +81,23 @@ def default_precision(device: torch.device) -> str:
     if device.type == "cuda" and torch.cuda.is_bf16_supported():
         return "bf16"
     return "fp32"
+
+
+# Packages the notebooks need, and those only the tests need.
+REQUIRED_PACKAGES = ("torch", "numpy", "matplotlib", "ipywidgets", "jupyterlab", "tqdm", "safetensors")
+OPTIONAL_PACKAGES = ("transformers", "pytest", "nbval")
+
+
+def check_environment(required=REQUIRED_PACKAGES, optional=OPTIONAL_PACKAGES) -> list[tuple[str, str, str]]:
+    """(package, "OK" / "FAIL" / "missing (optional)", version or reason) for every package."""
+    from importlib import import_module, metadata
+
+    rows = []
+    for names, missing in ((required, "FAIL"), (optional, "missing (optional)")):
+        for name in names:
+            try:
+                import_module(name)
+                rows.append((name, "OK", metadata.version(name)))
+            except Exception as err:  # an import can fail in many ways; report, never raise
+                rows.append((name, missing, f"{type(err).__name__}: {err}"[:80]))
+    return rows
