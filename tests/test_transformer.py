@@ -18,6 +18,7 @@ def cfg(order="pre", **changes):
     return ModelConfig(**(base | changes))
 
 
+@pytest.mark.filterwarnings("ignore:enable_nested_tensor is True")  # PyTorch's note on its own fast path
 @pytest.mark.parametrize("order", ["post", "pre"])
 def test_stacks_equal_nn_transformer_with_padding_and_causal_masks(order):
     ours = EncoderDecoder(cfg(order, final_norm=True)).eval()

@@ -2,8 +2,9 @@
 the "Open in Colab" badge under the title and the Colab set-up block that starts the first
 code cell.
 
-    python tools/sync_notebooks.py          # rewrite in place
-    python tools/sync_notebooks.py --check  # exit 1 if any notebook is out of date
+    python tools/sync_notebooks.py                      # rewrite every notebook in place
+    python tools/sync_notebooks.py notebooks/05_x.ipynb  # only the ones named
+    python tools/sync_notebooks.py --check              # exit 1 if any notebook is out of date
 
 The repository URL is configured in tutorial_lib/project.py alone; these are copies.
 """
@@ -46,10 +47,11 @@ def first_code_cell(nb):
 
 def main() -> int:
     parser = argparse.ArgumentParser()
+    parser.add_argument("notebooks", nargs="*", type=Path, help="default: every notebook")
     parser.add_argument("--check", action="store_true")
     args = parser.parse_args()
     stale = []
-    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):
+    for path in args.notebooks or sorted((ROOT / "notebooks").glob("*.ipynb")):
         nb = nbformat.read(path, as_version=4)
         cell, title = first_code_cell(nb), nb.cells[0]
         new, new_title = synced_source(cell.source), synced_title(title.source, path.name)

@@ -114,6 +114,8 @@ def fused_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
     """
     check_attention_inputs(q, k, v, mask, bias)
     T, S = q.size(-2), k.size(-2)
+    if is_causal and T == 1:
+        is_causal = False  # one query, the newest position: it may see every key (cached decoding)
     if is_causal and (mask is not None or bias is not None or T != S):
         # SDPA's own is_causal aligns the triangle top-left; we need it bottom-right when
         # keys are cached (S > T), and it cannot be combined with a mask. Build it instead.

@@ -1,5 +1,6 @@
 """Text data that needs no download: a character tokenizer, the built-in corpus, train and
-validation splits, random language-model batches, and padded batches of sequences."""
+validation splits, random language-model batches, evaluation windows, and padded batches of
+sequences."""
 
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ class CharTokenizer:
     def __post_init__(self) -> None:
         if len(set(self.chars)) != len(self.chars) or any(len(c) != 1 for c in self.chars):
             raise ValueError("chars must be distinct single characters")
+        if len(set(self.specials)) != len(self.specials):
+            raise ValueError(f"specials must be distinct, got {self.specials}")
         object.__setattr__(self, "_index", {c: i + len(self.specials) for i, c in enumerate(self.chars)})
 
     @property
@@ -50,6 +53,8 @@ class CharTokenizer:
         n = len(self.specials)
         out = []
         for i in ids:
+            if isinstance(i, bool) or not hasattr(i, "__index__") or i < 0:
+                raise ValueError(f"decode takes a flat sequence of integer ids >= 0, got {i!r}")
             if i < n:
                 if not skip_specials:
                     out.append(self.specials[i])
@@ -92,12 +97,18 @@ def train_val_split(ids: Tensor, val_fraction: float = 0.1) -> tuple[Tensor, Ten
     if not 0.0 < val_fraction < 1.0:
         raise ValueError(f"val_fraction must lie in (0, 1), got {val_fraction}")
     cut = int(len(ids) * (1 - val_fraction))
+    if cut == 0 or cut == len(ids):
+        raise ValueError(f"{len(ids)} tokens with val_fraction={val_fraction} leave one of the parts empty")
     return ids[:cut], ids[cut:]
 
 
 def lm_batch(stream: Tensor, batch_size: int, block_size: int, generator: torch.Generator | None = None,
              device=None) -> tuple[Tensor, Tensor]:
     """Random windows of a token stream: inputs (B, T) and the next tokens (B, T)."""
+    if stream.dim() != 1:
+        raise ValueError(f"expected a 1-D token stream, got shape {tuple(stream.shape)}")
+    if batch_size < 1 or block_size < 1:
+        raise ValueError(f"batch_size and block_size must be >= 1, got {batch_size} and {block_size}")
     if len(stream) <= block_size:
         raise ValueError(f"the stream ({len(stream)} tokens) must be longer than block_size ({block_size})")
     starts = torch.randint(0, len(stream) - block_size, (batch_size,), generator=generator)
@@ -105,6 +116,24 @@ def lm_batch(stream: Tensor, batch_size: int, block_size: int, generator: torch.
     x = stream[starts[:, None] + offsets]  # (B, T)
     y = stream[starts[:, None] + offsets + 1]  # (B, T): each position's next token
     return x.to(device), y.to(device)
+
+
+def lm_windows(stream: Tensor, block_size: int, max_windows: int | None = None) -> tuple[Tensor, Tensor]:
+    """Consecutive, non-overlapping windows of a token stream, for evaluation: inputs (N, T) and
+    the next tokens (N, T). Every token after the first is a target exactly once, up to the last
+    whole window; ``max_windows`` keeps only the first N windows."""
+    if stream.dim() != 1:
+        raise ValueError(f"expected a 1-D token stream, got shape {tuple(stream.shape)}")
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    n = (len(stream) - 1) // block_size
+    if max_windows is not None:
+        n = min(n, max_windows)
+    if n < 1:
+        raise ValueError(f"the stream ({len(stream)} tokens) must be longer than block_size ({block_size})")
+    x = stream[: n * block_size].view(n, block_size)  # (N, T)
+    y = stream[1 : n * block_size + 1].view(n, block_size)  # (N, T): shifted by one
+    return x, y
 
 
 def pad_sequences(seqs: Sequence[Sequence[int]], pad_id: int, length: int | None = None) -> Tensor:

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .attention import LayerKVCache, MultiHeadAttention
-from .config import ModelConfig
+from .config import GATED_FFNS, ModelConfig
 from .positions import LearnedPositions, RotaryEmbedding, SinusoidalPositions, alibi_bias
 
 
@@ -47,6 +47,7 @@ _ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),  # GPT-2's "gelu_new"
     "swiglu": F.silu,  # the gate's activation in SwiGLU (Shazeer, 2020)
     "geglu": F.gelu,  # ... and in GeGLU
+    "geglu_tanh": lambda x: F.gelu(x, approximate="tanh"),  # GeGLU with tanh GELU (Gemma, T5 v1.1)
 }
 
 
@@ -54,7 +55,7 @@ class FeedForward(nn.Module):
     """Position-wise feed-forward network.
 
     Plain (``relu``, ``gelu``, ``gelu_tanh``): down(act(up(x))), two matrices.
-    Gated (``swiglu``, ``geglu``): down(act(gate(x)) * up(x)), three matrices.
+    Gated (``swiglu``, ``geglu``, ``geglu_tanh``): down(act(gate(x)) * up(x)), three matrices.
     The inner width defaults to 4 * d_model.
     """
 
@@ -66,7 +67,7 @@ class FeedForward(nn.Module):
         d_ff = 4 * d_model if d_ff is None else d_ff
         self.activation = activation
         self.act = _ACTIVATIONS[activation]
-        self.gated = activation in ("swiglu", "geglu")
+        self.gated = activation in GATED_FFNS
         self.up = nn.Linear(d_model, d_ff, bias=bias)
         self.gate = nn.Linear(d_model, d_ff, bias=bias) if self.gated else None
         self.down = nn.Linear(d_ff, d_model, bias=bias)
@@ -96,6 +97,26 @@ class Residual(nn.Module):
         if self.order == "pre":
             return x + self.dropout(fn(self.norm(x)))
         return self.norm(x + self.dropout(fn(x)))
+
+
+def refuse_unbuilt_parts(cfg: ModelConfig, what: str) -> None:
+    """Raise ValueError when ``cfg`` asks for a part that ``what`` would need but this package
+    does not build: T5's relative-position bias (layers), BERT's token-type table and
+    embedding norm (embeddings), BERT's pooler (encoder). ModelConfig describes them so that
+    tutorial_lib.params can count published models; a model built without them would
+    silently be a different one."""
+    missing = []
+    if what == "encoder" and cfg.pooler:
+        missing.append("pooler=True (BERT's dense + tanh layer over the first position)")
+    if what == "layers" and cfg.positions == "relative":
+        missing.append("positions='relative' (T5's relative-position bias)")
+    if what == "embeddings" and cfg.type_vocab_size:
+        missing.append(f"type_vocab_size={cfg.type_vocab_size} (BERT's token-type table)")
+    if what == "embeddings" and cfg.embedding_norm:
+        missing.append("embedding_norm=True (BERT's embedding norm)")
+    if missing:
+        raise ValueError(f"tutorial_lib's {what} do not build {', '.join(missing)}; such a config can be "
+                         "counted with tutorial_lib.params but not built")
 
 
 def make_rotary(cfg: ModelConfig) -> RotaryEmbedding | None:
@@ -128,6 +149,7 @@ class TransformerBlock(nn.Module):
 
     def __init__(self, cfg: ModelConfig, rotary: nn.Module | None = None):
         super().__init__()
+        refuse_unbuilt_parts(cfg, "layers")
         self.attn = MultiHeadAttention(
             cfg.d_model, cfg.n_heads, n_kv_heads=cfg.kv_heads, head_dim=cfg.d_k,
             bias=cfg.uses_bias("qkv"), out_bias=cfg.uses_bias("out"), dropout=cfg.dropout,
@@ -184,6 +206,7 @@ class Embeddings(nn.Module):
 
     def __init__(self, cfg: ModelConfig, vocab_size: int | None = None):
         super().__init__()
+        refuse_unbuilt_parts(cfg, "embeddings")
         self.vocab_size = cfg.vocab_size if vocab_size is None else vocab_size
         self.tokens = nn.Embedding(self.vocab_size, cfg.d_model) if self.vocab_size else None
         self.scale = math.sqrt(cfg.d_model) if cfg.scale_embeddings else 1.0

@@ -1,9 +1,11 @@
-"""Choosing the next token: greedy, temperature, top-k, top-p; and the generation loop of a
-decoder-only model, with or without a KV cache."""
+"""Choosing the next token: greedy, temperature, top-k, top-p; the generation loop of a
+decoder-only model, with or without a KV cache; and greedy decoding and beam search for an
+encoder-decoder model (notebook 05)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -21,17 +23,19 @@ def top_k_filter(logits: Tensor, k: int) -> Tensor:
 
 def top_p_filter(logits: Tensor, p: float) -> Tensor:
     """Nucleus filtering (Holtzman et al., 2020): keep the smallest set of most likely tokens
-    whose probabilities sum to at least p; -inf elsewhere. The most likely token always stays."""
-    if not 0.0 < p <= 1.0:
+    whose probabilities sum to at least p; -inf elsewhere. The most likely token always stays.
+    Tokens tied with the least likely kept one are kept too (as in :func:`top_k_filter`), so
+    the result depends on the logits' values only, never on how a sort orders ties."""
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 < p <= 1.0:
         raise ValueError(f"top-p needs 0 < p <= 1, got {p!r}")
     if p == 1.0:
         return logits
-    sorted_logits, order = logits.sort(dim=-1, descending=True)
-    probs = sorted_logits.softmax(dim=-1)
-    before = probs.cumsum(dim=-1) - probs  # probability mass strictly before each token
-    drop_sorted = before >= p  # a token is dropped once the ones before it already reach p
-    drop = drop_sorted.scatter(-1, order, drop_sorted)  # back to vocabulary order
-    return logits.masked_fill(drop, float("-inf"))
+    sorted_logits = logits.sort(dim=-1, descending=True).values
+    mass = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+    before = torch.cat([torch.zeros_like(mass[..., :1]), mass[..., :-1]], dim=-1)  # mass strictly before
+    n_keep = (before < p).sum(dim=-1, keepdim=True)  # >= 1: nothing comes before the top token
+    smallest_kept = sorted_logits.gather(-1, n_keep - 1)  # (..., 1)
+    return logits.masked_fill(logits < smallest_kept, float("-inf"))
 
 
 @dataclass(frozen=True)
@@ -48,12 +52,14 @@ class Sampler:
     greedy: bool = False
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.temperature, (int, float)) and self.temperature > 0):
+        if (isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float))
+                or not 0 < self.temperature < float("inf")):
             raise ValueError(f"temperature must be > 0 (use greedy=True for the arg-max), got {self.temperature!r}")
         if self.top_k is not None and (isinstance(self.top_k, bool) or not isinstance(self.top_k, int)
                                        or self.top_k < 1):
             raise ValueError(f"top_k must be an int >= 1, got {self.top_k!r}")
-        if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
+        if self.top_p is not None and (isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float))
+                                       or not 0.0 < self.top_p <= 1.0):
             raise ValueError(f"top_p must lie in (0, 1], got {self.top_p!r}")
 
     def filtered_logits(self, logits: Tensor) -> Tensor:
@@ -76,6 +82,9 @@ class Sampler:
         if self.greedy:
             return logits.argmax(dim=-1)
         probs = self.filtered_logits(logits).softmax(dim=-1)
+        if generator is not None and generator.device != probs.device:
+            # draw where the generator lives (a CPU generator with a GPU model), then move back
+            return torch.multinomial(probs.to(generator.device), 1, generator=generator).squeeze(-1).to(probs.device)
         return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
@@ -124,3 +133,256 @@ def generate(model: nn.Module, ids: Tensor, max_new_tokens: int, *, sampler: Sam
     if return_logits:
         return ids, torch.stack(step_logits, dim=1) if step_logits else None
     return ids
+
+
+# ---- seq2seq decoding: greedy and beam search for an encoder-decoder (notebook 05) -----------
+# Both encode the source once and decode one token per step with a DecoderCache, so the
+# cross-attention keys/values of the encoder output are projected once per generation.
+
+
+class Seq2SeqDecoded(NamedTuple):
+    ids: Tensor  # (B, L) generated ids (no BOS), EOS included, PAD after it
+    log_probs: Tensor  # (B,) total log-probability of those ids, EOS included
+    lengths: Tensor  # (B,) number of generated ids, EOS included
+
+
+class BeamOutput(NamedTuple):
+    ids: Tensor  # (B, n_best, L) best first; EOS included (absent when cut at max_len), PAD after
+    scores: Tensor  # (B, n_best) log_prob / length_penalty + coverage_penalty: what ranks them
+    log_probs: Tensor  # (B, n_best) total log-probability of each hypothesis
+    lengths: Tensor  # (B, n_best)
+
+
+def _check_seq2seq_args(model: nn.Module, src: Tensor, src_mask: Tensor | None, max_len: int,
+                        special_ids: dict[str, int]) -> None:
+    if not all(hasattr(model, name) for name in ("encode", "decode", "head", "new_cache")):
+        raise ValueError(f"expected an encoder-decoder model (encode, decode, head, new_cache), "
+                         f"got {type(model).__name__}")
+    if src.dim() < 2:
+        raise ValueError(f"src must be ids (B, S) or features (B, S, F), got shape {tuple(src.shape)}")
+    if src_mask is not None and (src_mask.dtype != torch.bool or src_mask.dim() != 4
+                                 or src_mask.shape[1:3] != (1, 1) or src_mask.size(-1) != src.size(1)
+                                 or src_mask.size(0) not in (1, src.size(0))):
+        raise ValueError(f"src_mask must be a boolean padding mask (B, 1, 1, S={src.size(1)}), "
+                         f"got {src_mask.dtype} {tuple(src_mask.shape)}")
+    if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1:
+        raise ValueError(f"max_len (tokens to generate, EOS included) must be an int >= 1, got {max_len!r}")
+    limit = getattr(getattr(model, "cfg", None), "max_len", None)
+    if limit is not None and max_len > limit:
+        raise ValueError(f"max_len={max_len} needs decoder positions 0..{max_len - 1}, but the model "
+                         f"has max_len={limit}")
+    for name, value in special_ids.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} must be a token id (int >= 0), got {value!r}")
+
+
+def _next_log_probs(model: nn.Module, tokens: Tensor, memory: Tensor, src_mask: Tensor | None,
+                    cache, need_weights: bool = False):
+    """One decoding step: log-probabilities of the next token (N, V), and the cross-attention
+    weights of the step (L, N, h, 1, S) when asked for."""
+    out = model.decode(tokens, memory, src_mask, cache=cache, need_weights=need_weights)
+    logp = model.head(out.x[:, -1]).float().log_softmax(dim=-1)  # (N, V)
+    return logp, out.cross_weights
+
+
+@torch.no_grad()
+def greedy_decode(model: nn.Module, src: Tensor, src_mask: Tensor | None = None, *, max_len: int,
+                  bos_id: int, eos_id: int, pad_id: int) -> Seq2SeqDecoded:
+    """Decode with an encoder-decoder by taking the most likely token at every step.
+
+    The source is encoded once; each step feeds only the newest token and reads earlier
+    positions from the decoder cache. A sequence stops at its first EOS (PAD after it); all
+    stop after ``max_len`` generated tokens. The model is in eval mode for the call.
+    """
+    _check_seq2seq_args(model, src, src_mask, max_len, {"bos_id": bos_id, "eos_id": eos_id, "pad_id": pad_id})
+    was_training = model.training
+    model.eval()
+    try:
+        memory = model.encode(src, src_mask).x  # (B, S, d): once per generation
+        B, device = memory.size(0), memory.device
+        cache = model.new_cache()
+        token = torch.full((B, 1), bos_id, dtype=torch.long, device=device)
+        finished = torch.zeros(B, dtype=torch.bool, device=device)
+        log_probs = torch.zeros(B, device=device)
+        lengths = torch.zeros(B, dtype=torch.long, device=device)
+        generated = []
+        for _ in range(max_len):
+            logp, _ = _next_log_probs(model, token, memory, src_mask, cache)  # (B, V)
+            best = logp.argmax(dim=-1)  # (B,)
+            log_probs += torch.where(finished, 0.0, logp.gather(1, best[:, None]).squeeze(1))
+            lengths += (~finished).long()
+            best = best.masked_fill(finished, pad_id)
+            generated.append(best)
+            finished |= best == eos_id
+            if finished.all():
+                break
+            token = best[:, None]
+    finally:
+        model.train(was_training)
+    return Seq2SeqDecoded(torch.stack(generated, dim=1), log_probs, lengths)
+
+
+def length_penalty(lengths: Tensor, alpha: float) -> Tensor:
+    """GNMT's length normaliser (Wu et al., 2016, eq. 14): ((5 + |Y|) / 6) ** alpha.
+
+    A hypothesis is ranked by log P(Y) / length_penalty: with alpha = 0 by log P(Y) alone,
+    which favours short outputs; larger alpha divides longer ones by more.
+    """
+    return ((5.0 + lengths.float()) / 6.0) ** alpha
+
+
+def coverage_penalty(coverage: Tensor, source_keep: Tensor, beta: float) -> Tensor:
+    """GNMT's coverage penalty (Wu et al., 2016, eq. 14): beta * sum_i log(min(c_i, 1)), where
+    c_i (..., S) is the attention weight source position i has received, summed over the
+    output steps. Padded positions (``source_keep`` False) are left out; c_i is floored at
+    1e-10 so that a never-attended position costs a large finite amount, not infinity."""
+    covered = coverage.clamp(min=1e-10, max=1.0).log()  # (..., S), <= 0
+    return beta * covered.masked_fill(~source_keep, 0.0).sum(dim=-1)
+
+
+def _reorder_self_attention(cache, index: Tensor) -> None:
+    """Keep the decoder cache's self-attention keys/values of the beams in ``index`` (N,).
+
+    The cross-attention keys/values need no reordering: a beam's parent is always a beam of
+    the same example, and all beams of one example share the same encoder output.
+    """
+    for layer in cache.self_attn.layers:
+        layer.keys = layer.keys.index_select(0, index)
+        layer.values = layer.values.index_select(0, index)
+
+
+@torch.no_grad()
+def beam_search(model: nn.Module, src: Tensor, src_mask: Tensor | None = None, *, max_len: int,
+                bos_id: int, eos_id: int, pad_id: int, beam_width: int = 4, n_best: int = 1,
+                length_penalty_alpha: float = 0.0, coverage_beta: float = 0.0) -> BeamOutput:
+    """Batched beam search for an encoder-decoder.
+
+    Every example keeps ``beam_width`` (k) live hypotheses, ranked by total log-probability.
+    At each step the live hypotheses of an example propose their 2k best extensions. Those
+    among the best k that end in EOS become finished hypotheses; the best k that do not end
+    in EOS stay live (so the beam stays full). Finished hypotheses are ranked by
+
+        score = log P(Y) / length_penalty(|Y|, alpha) + coverage_penalty(beta)
+
+    (|Y| counts EOS; the coverage uses the cross-attention of the last decoder layer,
+    averaged over heads, summed over the steps). An example stops once it holds
+    ``beam_width`` finished hypotheses and no live one can still beat the worst of them:
+    a live hypothesis can at best keep its log-probability (each token adds a log-probability
+    <= 0) and reach the length penalty of ``max_len``, and the coverage penalty is <= 0.
+    Hypotheses still live after ``max_len`` tokens finish without EOS.
+
+    The source is encoded once and repeated for the beams; the decoder cache holds the
+    keys/values, reordered when hypotheses change places. With ``beam_width=1`` and
+    ``length_penalty_alpha=0`` the result is the greedy one. Returns the ``n_best`` best
+    finished hypotheses per example (best first); an example with fewer finite-scoring
+    hypotheses than ``n_best`` gets -inf scores in the remaining places.
+    """
+    _check_seq2seq_args(model, src, src_mask, max_len, {"bos_id": bos_id, "eos_id": eos_id, "pad_id": pad_id})
+    for name, value in (("beam_width", beam_width), ("n_best", n_best)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    if n_best > beam_width:
+        raise ValueError(f"n_best ({n_best}) cannot exceed beam_width ({beam_width})")
+    if length_penalty_alpha < 0 or coverage_beta < 0:
+        raise ValueError("length_penalty_alpha and coverage_beta must be >= 0, got "
+                         f"{length_penalty_alpha} and {coverage_beta}")
+    k = beam_width
+    was_training = model.training
+    model.eval()
+    try:
+        memory = model.encode(src, src_mask).x  # (B, S, d): once per generation
+        B, S = memory.shape[:2]
+        device = memory.device
+        memory = memory.repeat_interleave(k, dim=0)  # (B*k, S, d): beam j of example b at b*k + j
+        mask = None if src_mask is None else src_mask.expand(B, -1, -1, -1).repeat_interleave(k, dim=0)
+        source_keep = (torch.ones(B * k, S, dtype=torch.bool, device=device) if mask is None
+                       else mask[:, 0, 0, :])  # (B*k, S)
+        use_coverage = coverage_beta > 0
+        coverage = torch.zeros(B * k, S, device=device)
+        cache = model.new_cache()
+        tokens = torch.full((B * k, 1), bos_id, dtype=torch.long, device=device)
+        prefixes = torch.empty(B * k, 0, dtype=torch.long, device=device)  # (B*k, step)
+        beam_logp = torch.full((B, k), float("-inf"), device=device)
+        beam_logp[:, 0] = 0.0  # all beams start as BOS: keep one, or the first step has k copies
+        final_lp = float(length_penalty(torch.tensor(max_len), length_penalty_alpha))
+        fin_ids = torch.full((B, k, max_len), pad_id, dtype=torch.long, device=device)
+        fin_scores = torch.full((B, k), float("-inf"), device=device)
+        fin_logp = torch.full((B, k), float("-inf"), device=device)
+        fin_len = torch.zeros(B, k, dtype=torch.long, device=device)
+        done = torch.zeros(B, dtype=torch.bool, device=device)
+        batch_offset = (torch.arange(B, device=device) * k)[:, None]  # (B, 1)
+
+        for step in range(max_len):
+            logp, cross = _next_log_probs(model, tokens, memory, mask, cache, use_coverage)  # (B*k, V)
+            if use_coverage:
+                coverage = coverage + cross[-1, :, :, -1].mean(dim=1)  # last layer, mean over heads: (B*k, S)
+            V = logp.size(-1)
+            total = (beam_logp.reshape(B * k, 1) + logp).view(B, k * V)  # (B, k*V)
+            cand_logp, cand = total.topk(min(2 * k, k * V), dim=-1)  # (B, C), best first
+            parent, token = cand // V, cand % V  # (B, C)
+            flat_parent = (batch_offset + parent).flatten()  # (B*C,) rows of the beams
+            C = cand.size(1)
+            cand_ids = torch.cat([prefixes[flat_parent], token.reshape(-1, 1)], dim=1).view(B, C, step + 1)
+
+            # Finished hypotheses: the candidates among the best k that end in EOS (at the last
+            # step, all of the best k). The beam is the best k; the next k stand in for those.
+            in_beam = torch.arange(C, device=device) < k  # (C,)
+            ends = (token == eos_id) if step + 1 < max_len else torch.ones_like(token, dtype=torch.bool)
+            ends &= in_beam & ~done[:, None]
+            length = torch.full_like(token, step + 1)
+            score = cand_logp / length_penalty(length, length_penalty_alpha)
+            if use_coverage:
+                score = score + coverage_penalty(coverage[flat_parent], source_keep[flat_parent],
+                                                 coverage_beta).view(B, C)
+            score = score.masked_fill(~ends, float("-inf"))
+            padded = torch.full((B, C, max_len), pad_id, dtype=torch.long, device=device)
+            padded[:, :, : step + 1] = cand_ids
+            pool_scores = torch.cat([fin_scores, score], dim=1)  # (B, k + C)
+            fin_scores, keep = pool_scores.topk(k, dim=-1)  # (B, k), best first
+            fin_logp = torch.cat([fin_logp, cand_logp], dim=1).gather(1, keep)
+            fin_len = torch.cat([fin_len, length], dim=1).gather(1, keep)
+            fin_ids = torch.cat([fin_ids, padded], dim=1).gather(1, keep[..., None].expand(-1, -1, max_len))
+            if step + 1 == max_len:
+                break
+
+            # Live hypotheses: the best k candidates that do not end in EOS. Each beam
+            # proposes at most one EOS, so at least k of the 2k candidates qualify.
+            order = (token == eos_id).long() * C + torch.arange(C, device=device)  # non-EOS first, by rank
+            pick = order.argsort(dim=-1)[:, :k]  # (B, k)
+            beam_logp = cand_logp.gather(1, pick)
+            chosen = (batch_offset + parent.gather(1, pick)).flatten()  # (B*k,) parent rows
+            new_tokens = token.gather(1, pick).reshape(-1, 1)  # (B*k, 1)
+            prefixes = torch.cat([prefixes[chosen], new_tokens], dim=1)
+            coverage = coverage[chosen]
+            _reorder_self_attention(cache, chosen)
+            tokens = new_tokens
+
+            best_possible = beam_logp.max(dim=-1).values / final_lp  # (B,)
+            done |= fin_scores[:, -1] >= best_possible
+            if done.all():
+                break
+    finally:
+        model.train(was_training)
+    longest = max(1, int(fin_len[:, :n_best].max()))
+    return BeamOutput(fin_ids[:, :n_best, :longest], fin_scores[:, :n_best], fin_logp[:, :n_best],
+                      fin_len[:, :n_best])
+
+
+@torch.no_grad()
+def sequence_log_prob(model: nn.Module, src: Tensor, tgt_out: Tensor, src_mask: Tensor | None = None, *,
+                      bos_id: int, pad_id: int) -> Tensor:
+    """Total log-probability (B,) that the model gives the target ids ``tgt_out`` (B, T)
+    (EOS included, PAD after it), by one teacher-forced pass: the decoder reads BOS followed
+    by ``tgt_out`` shifted right. PAD positions are left out of the sum."""
+    if tgt_out.dim() != 2 or tgt_out.size(0) != src.size(0):
+        raise ValueError(f"tgt_out must be ids (B={src.size(0)}, T), got shape {tuple(tgt_out.shape)}")
+    was_training = model.training
+    model.eval()
+    try:
+        bos = torch.full_like(tgt_out[:, :1], bos_id)
+        tgt_in = torch.cat([bos, tgt_out[:, :-1]], dim=1)  # (B, T): shifted right
+        logp = model(src, tgt_in, src_mask=src_mask).logits.float().log_softmax(dim=-1)  # (B, T, V)
+        picked = logp.gather(2, tgt_out[..., None]).squeeze(2)  # (B, T)
+    finally:
+        model.train(was_training)
+    return picked.masked_fill(tgt_out == pad_id, 0.0).sum(dim=1)

@@ -23,6 +23,7 @@ from .layers import (
     make_norm,
     make_rotary,
     position_bias,
+    refuse_unbuilt_parts,
     stack_weights,
 )
 from .masks import causal_mask, combine
@@ -41,6 +42,7 @@ class Encoder(nn.Module):
 
     def __init__(self, cfg: ModelConfig, n_layers: int | None = None):
         super().__init__()
+        refuse_unbuilt_parts(cfg, "encoder")
         self.cfg = cfg
         self.rotary = make_rotary(cfg)
         self.layers = nn.ModuleList(EncoderLayer(cfg, self.rotary)
@@ -73,6 +75,7 @@ class DecoderLayer(nn.Module):
 
     def __init__(self, cfg: ModelConfig, rotary: nn.Module | None = None):
         super().__init__()
+        refuse_unbuilt_parts(cfg, "layers")
 
         def attention(rot):
             return MultiHeadAttention(cfg.d_model, cfg.n_heads, n_kv_heads=cfg.kv_heads, head_dim=cfg.d_k,

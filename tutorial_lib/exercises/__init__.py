@@ -14,10 +14,20 @@ For teachers: ``solution("01.attention")`` prints the reference solution, and
 
 from __future__ import annotations
 
-from . import nb01_attention
+from . import (
+    nb01_attention,
+    nb02_masks,
+    nb03_positions,
+    nb04_encoder,
+    nb05_seq2seq,
+    nb06_llm,
+    nb07_params,
+    nb08_training,
+)
 from .core import Exercise, Mistake, Result, grade, same, source_of
 
-_MODULES = [nb01_attention]
+_MODULES = [nb01_attention, nb02_masks, nb03_positions, nb04_encoder, nb05_seq2seq, nb06_llm, nb07_params,
+            nb08_training]
 EXERCISES: dict[str, Exercise] = {ex.name: ex for module in _MODULES for ex in module.EXERCISES}
 
 

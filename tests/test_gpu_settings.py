@@ -1,0 +1,77 @@
+"""Training notebooks pick a bigger setting by themselves on a GPU and keep the small one on a
+CPU: every notebook that trains calls ``pick_setting(cpu=..., gpu=...)``, and that choice is run
+here with CUDA mocked as present and as absent."""
+
+import ast
+import json
+from pathlib import Path
+from unittest import mock
+
+import pytest
+
+from tutorial_lib.device import pick_setting
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+
+
+def code_trees(path):
+    for cell in json.loads(path.read_text())["cells"]:
+        if cell["cell_type"] == "code":
+            source = "".join(cell["source"])
+            try:
+                yield ast.parse(source)
+            except SyntaxError:  # IPython magics are not Python; no setting is chosen there
+                continue
+
+
+def calls_named(path, name):
+    return [node for tree in code_trees(path) for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == name]
+
+
+def literal(node):
+    """A dict(...) call or {...} display of literal values, as a dict."""
+    if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "dict":
+        return {kw.arg: ast.literal_eval(kw.value) for kw in node.keywords}
+    return ast.literal_eval(node)
+
+
+# The training notebooks (about two minutes on a CPU), and any other notebook that chooses a setting.
+def is_bigger(gpu_value, cpu_value) -> bool:
+    """A larger number, or a longer list of runs (e.g. more learning rates in a sweep)."""
+    if isinstance(cpu_value, bool):
+        return False
+    if isinstance(cpu_value, (int, float)):
+        return gpu_value > cpu_value
+    if isinstance(cpu_value, (tuple, list)):
+        return len(gpu_value) > len(cpu_value)
+    return False
+
+
+TRAINING_PREFIXES = ("04_", "05_", "06_", "08_")
+TRAINING = [p for p in NOTEBOOKS if p.name.startswith(TRAINING_PREFIXES) or calls_named(p, "pick_setting")]
+
+
+def test_the_training_notebooks_train():
+    for path in TRAINING:
+        if path.name.startswith(TRAINING_PREFIXES):
+            assert calls_named(path, "train"), f"{path.name} is a training notebook but never calls train(...)"
+
+
+@pytest.mark.parametrize("path", TRAINING, ids=lambda p: p.name)
+def test_training_notebook_picks_its_setting_by_device(path):
+    calls = calls_named(path, "pick_setting")
+    assert calls, f"{path.name} trains but never calls pick_setting(cpu=..., gpu=...)"
+    for call in calls:
+        args = {kw.arg: kw.value for kw in call.keywords}
+        assert "cpu" in args and "gpu" in args, "call pick_setting with cpu= and gpu= keyword dicts"
+        cpu, gpu = literal(args["cpu"]), literal(args["gpu"])
+        assert cpu != gpu, f"{path.name}: the GPU setting must differ from the CPU one"
+        assert any(is_bigger(gpu[k], cpu[k]) for k in cpu), (
+            f"{path.name}: the GPU setting should be bigger somewhere (model size, steps, batch, more runs)")
+        with mock.patch("torch.cuda.is_available", return_value=True):
+            assert pick_setting(cpu=cpu, gpu=gpu) == gpu
+        with mock.patch("torch.cuda.is_available", return_value=False), \
+                mock.patch("torch.backends.mps.is_available", return_value=False):
+            assert pick_setting(cpu=cpu, gpu=gpu) == cpu

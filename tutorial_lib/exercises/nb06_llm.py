@@ -1,0 +1,243 @@
+"""Exercises of notebook 06 (decoder-only language models)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import torch
+
+from ..config import GPT2_SMALL, LLAMA2_7B, LLAMA_TINY
+from ..sampling import top_p_filter  # the reference solution
+from .core import Exercise, Mistake
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+# ---- 06.top_p: nucleus filtering (the reference is tutorial_lib.sampling.top_p_filter) ---------
+
+def _top_p_cases():
+    g = _gen(6)
+    cases = []
+    for p in (0.3, 0.75, 0.9):
+        # distinct values (no ties); rows from peaked to flat
+        logits = torch.randn(4, 12, generator=g) * torch.tensor([[3.0], [1.5], [0.7], [0.2]])
+        cases.append((logits, p))
+    peaked = torch.tensor([[4.0, 0.0, -1.0, 0.5, -2.0]])  # top token alone holds ~95 %
+    cases += [(peaked, 0.5), (peaked, 0.97)]
+    return cases
+
+
+def _top_p_inclusive_cumsum(logits, p):
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+    drop = torch.zeros_like(cum, dtype=torch.bool).scatter(-1, order, cum > p)
+    return logits.masked_fill(drop, float("-inf"))
+
+
+def _top_p_no_unsort(logits, p):
+    sorted_logits, _ = logits.sort(dim=-1, descending=True)
+    probs = sorted_logits.softmax(dim=-1)
+    before = probs.cumsum(dim=-1) - probs
+    return logits.masked_fill(before >= p, float("-inf"))
+
+
+def _top_p_ascending(logits, p):
+    sorted_logits, order = logits.sort(dim=-1, descending=False)
+    probs = sorted_logits.softmax(dim=-1)
+    before = probs.cumsum(dim=-1) - probs
+    drop = torch.zeros_like(before, dtype=torch.bool).scatter(-1, order, before >= p)
+    return logits.masked_fill(drop, float("-inf"))
+
+
+def _top_p_keeps_the_tail(logits, p):
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    probs = sorted_logits.softmax(dim=-1)
+    before = probs.cumsum(dim=-1) - probs
+    drop = torch.zeros_like(before, dtype=torch.bool).scatter(-1, order, before < p)
+    return logits.masked_fill(drop, float("-inf"))
+
+
+def _top_p_on_probabilities(logits, p):
+    return logits.softmax(dim=-1) * torch.isfinite(top_p_filter(logits, p))
+
+
+# ---- 06.cached_attention: one step of attention with a KV cache -----------------------------
+
+def cached_attention(q, k_new, v_new, past_k=None, past_v=None):
+    """q, k_new, v_new: (B, h, T, d) for T new positions; past_k, past_v: (B, h, P, d) or None.
+
+    Append the new keys and values after the cached ones, then let each new query attend
+    causally: the query at absolute position P + i sees keys 0 .. P + i. Returns
+    (out (B, h, T, d), keys (B, h, P + T, d), values (B, h, P + T, d)).
+    """
+    keys = k_new if past_k is None else torch.cat([past_k, k_new], dim=-2)
+    values = v_new if past_v is None else torch.cat([past_v, v_new], dim=-2)
+    T, S = q.size(-2), keys.size(-2)
+    allowed = torch.arange(S)[None, :] <= torch.arange(T)[:, None] + (S - T)  # (T, S), bottom-right
+    scores = q @ keys.transpose(-2, -1) / math.sqrt(q.size(-1))
+    weights = scores.masked_fill(~allowed, float("-inf")).softmax(dim=-1)
+    return weights @ values, keys, values
+
+
+def _cache_cases():
+    g = _gen(7)
+    B, h, d = 2, 2, 4
+    cases = []
+    for P, T in ((0, 3), (4, 1), (3, 2)):
+        q, k, v = (torch.randn(B, h, T, d, generator=g) for _ in range(3))
+        past = (None, None) if P == 0 else tuple(torch.randn(B, h, P, d, generator=g) for _ in range(2))
+        cases.append((q, k, v, *past))
+    return cases
+
+
+def _cache_mask_top_left(q, k_new, v_new, past_k=None, past_v=None):
+    keys = k_new if past_k is None else torch.cat([past_k, k_new], dim=-2)
+    values = v_new if past_v is None else torch.cat([past_v, v_new], dim=-2)
+    T, S = q.size(-2), keys.size(-2)
+    allowed = torch.ones(T, S, dtype=torch.bool).tril()  # aligned to the first key, not the last
+    scores = q @ keys.transpose(-2, -1) / math.sqrt(q.size(-1))
+    return scores.masked_fill(~allowed, float("-inf")).softmax(-1) @ values, keys, values
+
+
+def _cache_no_mask(q, k_new, v_new, past_k=None, past_v=None):
+    keys = k_new if past_k is None else torch.cat([past_k, k_new], dim=-2)
+    values = v_new if past_v is None else torch.cat([past_v, v_new], dim=-2)
+    scores = q @ keys.transpose(-2, -1) / math.sqrt(q.size(-1))
+    return scores.softmax(-1) @ values, keys, values
+
+
+def _cache_overwritten(q, k_new, v_new, past_k=None, past_v=None):
+    return cached_attention(q, k_new, v_new)  # the past is thrown away
+
+
+def _cache_not_updated(q, k_new, v_new, past_k=None, past_v=None):
+    out, keys, values = cached_attention(q, k_new, v_new, past_k, past_v)
+    if past_k is None:
+        return out, keys, values
+    return out, past_k, past_v  # attended correctly but returned the old cache
+
+
+def _cache_prepended(q, k_new, v_new, past_k=None, past_v=None):
+    keys = k_new if past_k is None else torch.cat([k_new, past_k], dim=-2)
+    values = v_new if past_v is None else torch.cat([v_new, past_v], dim=-2)
+    T, S = q.size(-2), keys.size(-2)
+    allowed = torch.arange(S)[None, :] <= torch.arange(T)[:, None] + (S - T)
+    scores = q @ keys.transpose(-2, -1) / math.sqrt(q.size(-1))
+    return scores.masked_fill(~allowed, float("-inf")).softmax(-1) @ values, keys, values
+
+
+# ---- 06.kv_cache_bytes: memory of the cache ---------------------------------------------------
+
+def kv_cache_bytes(cfg, n_tokens, batch_size, bytes_per_value):
+    """Bytes of the KV cache of a decoder-only model holding ``n_tokens`` positions for each of
+    ``batch_size`` sequences: keys and values, every layer, n_kv_heads heads of width d_k."""
+    return 2 * cfg.n_layers * cfg.kv_heads * cfg.d_k * n_tokens * batch_size * bytes_per_value
+
+
+def _bytes_cases():
+    odd_heads = replace(LLAMA_TINY, d_model=96, n_heads=4, n_kv_heads=1, head_dim=32)  # h * d_k != d_model
+    llama2_70b_like = replace(LLAMA2_7B, n_kv_heads=8)
+    return [(GPT2_SMALL, 1024, 1, 2), (LLAMA2_7B, 4096, 1, 2), (llama2_70b_like, 4096, 8, 2),
+            (LLAMA_TINY, 128, 4, 4), (odd_heads, 100, 2, 4)]
+
+
+def _bytes_no_two(cfg, n_tokens, batch_size, bytes_per_value):
+    return cfg.n_layers * cfg.kv_heads * cfg.d_k * n_tokens * batch_size * bytes_per_value
+
+
+def _bytes_all_heads(cfg, n_tokens, batch_size, bytes_per_value):
+    return 2 * cfg.n_layers * cfg.n_heads * cfg.d_k * n_tokens * batch_size * bytes_per_value
+
+
+def _bytes_d_model(cfg, n_tokens, batch_size, bytes_per_value):
+    return 2 * cfg.n_layers * cfg.d_model * n_tokens * batch_size * bytes_per_value
+
+
+def _bytes_one_layer(cfg, n_tokens, batch_size, bytes_per_value):
+    return 2 * cfg.kv_heads * cfg.d_k * n_tokens * batch_size * bytes_per_value
+
+
+def _bytes_bits(cfg, n_tokens, batch_size, bytes_per_value):
+    return 8 * kv_cache_bytes(cfg, n_tokens, batch_size, bytes_per_value)
+
+
+EXERCISES = [
+    Exercise(
+        name="06.top_p",
+        task="top_p_filter(logits, p): keep, in each row of (..., V), the smallest set of most likely "
+             "tokens whose probabilities sum to at least p (the most likely token always stays); set "
+             "every other logit to -inf and leave the kept logits unchanged.",
+        cases=_top_p_cases,
+        reference=top_p_filter,
+        mistakes={
+            "dropped the token that crosses p": Mistake(
+                _top_p_inclusive_cumsum, "Comparing the cumulative sum *including* the token with p drops "
+                "the token that takes the mass past p, and with a very likely top token keeps nothing. "
+                "Compare the mass of the tokens *before* it: cumsum - probs >= p means drop."),
+            "left the mask in sorted order": Mistake(
+                _top_p_no_unsort, "The drop mask is computed on the sorted logits; scatter it back to "
+                "vocabulary order with the sort's indices before applying it to the logits."),
+            "sorted in ascending order": Mistake(
+                _top_p_ascending, "The nucleus is made of the *most* likely tokens: sort with "
+                "descending=True so the cumulative sum starts at the top."),
+            "kept the tail instead of the nucleus": Mistake(
+                _top_p_keeps_the_tail, "The comparison is flipped: a token is dropped once the tokens "
+                "before it already reach p (before >= p), so the unlikely tail goes."),
+            "returned probabilities": Mistake(
+                _top_p_on_probabilities, "Return logits, with -inf where a token is dropped: the "
+                "sampler applies the softmax afterwards (and may combine filters first)."),
+        },
+    ),
+    Exercise(
+        name="06.cached_attention",
+        task="cached_attention(q, k_new, v_new, past_k, past_v): append the new keys and values after "
+             "the cached ones (past_k may be None), attend causally from the T new queries, which sit at "
+             "positions P..P+T-1, and return (out, keys, values).",
+        cases=_cache_cases,
+        reference=cached_attention,
+        mistakes={
+            "causal mask aligned to the first key": Mistake(
+                _cache_mask_top_left, "With P cached keys the new queries are the *last* T positions: "
+                "query i sits at P + i and may see keys 0 .. P + i. torch.ones(T, S).tril() lets it see "
+                "only keys 0 .. i (PyTorch's is_causal=True makes the same mistake when T != S)."),
+            "no causal mask": Mistake(
+                _cache_no_mask, "When several new tokens arrive at once (a prefill or a chunk), each may "
+                "only see the new tokens up to itself: keep the causal mask, aligned bottom-right."),
+            "threw the past away": Mistake(
+                _cache_overwritten, "The cache exists so that old keys and values are reused: "
+                "concatenate past_k and k_new (and the values) along the positions, dim=-2."),
+            "returned the old cache": Mistake(
+                _cache_not_updated, "The output is right, but the next step will not see this step's "
+                "keys and values: return the concatenated keys and values, not past_k and past_v."),
+            "new keys put before the old ones": Mistake(
+                _cache_prepended, "Positions run forward in time: the new keys go *after* the cached "
+                "ones, torch.cat([past_k, k_new], dim=-2), or the causal mask hides the wrong keys."),
+        },
+    ),
+    Exercise(
+        name="06.kv_cache_bytes",
+        task="kv_cache_bytes(cfg, n_tokens, batch_size, bytes_per_value): bytes of a decoder-only model's "
+             "KV cache holding n_tokens positions for each of batch_size sequences.",
+        cases=_bytes_cases,
+        reference=kv_cache_bytes,
+        mistakes={
+            "forgot the values (or the keys)": Mistake(
+                _bytes_no_two, "Every layer caches a key *and* a value vector per head and position: "
+                "multiply by 2."),
+            "counted every query head": Mistake(
+                _bytes_all_heads, "Only the key/value heads are cached: with grouped-query attention "
+                "that is cfg.kv_heads (n_kv_heads), fewer than n_heads."),
+            "used d_model as the cached width": Mistake(
+                _bytes_d_model, "The cached width per layer is kv_heads * d_k. It equals d_model only "
+                "without grouped-query attention and when d_k = d_model / n_heads."),
+            "forgot the layers": Mistake(
+                _bytes_one_layer, "Every layer has its own keys and values: multiply by cfg.n_layers."),
+            "counted bits": Mistake(
+                _bytes_bits, "bytes_per_value is already in bytes (2 for fp16/bf16, 4 for fp32); do not "
+                "multiply by 8."),
+        },
+    ),
+]

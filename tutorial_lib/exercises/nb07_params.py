@@ -1,0 +1,226 @@
+"""Exercises of notebook 07 (parameter counter): counting a block, a whole GPT, the KV cache,
+and the FLOPs of a training step. Answers are exact integers."""
+
+from __future__ import annotations
+
+from .core import Exercise, Mistake
+
+# ---- 07.block_parameters: one decoder block with grouped-query attention ---------------------
+
+
+def block_parameters(d_model, n_heads, n_kv_heads, d_ff, gated, bias):
+    """Q and O: d x d; K and V: d x (n_kv_heads * d_k); FFN: 2 or 3 matrices; two norms.
+    bias=True: every projection has a bias and the norms are LayerNorms (scale and shift);
+    bias=False: no biases and RMSNorms (scale only)."""
+    d_k = d_model // n_heads
+    kv_width = n_kv_heads * d_k
+    attention = 2 * d_model * d_model + 2 * d_model * kv_width
+    n_matrices = 3 if gated else 2
+    ffn = n_matrices * d_model * d_ff
+    if bias:
+        attention += 2 * d_model + 2 * kv_width
+        ffn += (n_matrices - 1) * d_ff + d_model
+    norms = 2 * (2 * d_model if bias else d_model)
+    return attention + ffn + norms
+
+
+def _block_cases():
+    #       d,   h, kv, d_ff, gated, bias
+    return [(32, 4, 4, 128, False, True),    # GPT-like
+            (64, 8, 2, 172, True, False),    # LLaMA-like with grouped-query attention
+            (48, 6, 3, 96, True, True),      # gated, biased, grouped
+            (16, 4, 1, 64, False, False)]    # multi-query, plain FFN
+
+
+def _block_ignores_gqa(d_model, n_heads, n_kv_heads, d_ff, gated, bias):
+    return block_parameters(d_model, n_heads, n_heads, d_ff, gated, bias)
+
+
+def _block_no_gate(d_model, n_heads, n_kv_heads, d_ff, gated, bias):
+    return block_parameters(d_model, n_heads, n_kv_heads, d_ff, False, bias)
+
+
+def _block_no_norms(d_model, n_heads, n_kv_heads, d_ff, gated, bias):
+    return block_parameters(d_model, n_heads, n_kv_heads, d_ff, gated, bias) - 2 * (2 * d_model if bias else d_model)
+
+
+def _block_norm_scale_only(d_model, n_heads, n_kv_heads, d_ff, gated, bias):
+    return block_parameters(d_model, n_heads, n_kv_heads, d_ff, gated, bias) - (2 * d_model if bias else 0)
+
+
+# ---- 07.gpt_parameters: a whole GPT-2-shaped model ------------------------------------------------
+
+
+def gpt_parameters(vocab_size, context, d_model, n_layers):
+    """GPT-2's layout: token and learned position tables, n_layers pre-LN blocks (biases
+    everywhere, d_ff = 4 d, two LayerNorms), a final LayerNorm, a head tied to the tokens."""
+    d = d_model
+    per_block = 12 * d * d + 13 * d  # 4d^2 + 4d attention, 8d^2 + 5d FFN, 4d norms
+    return vocab_size * d + context * d + n_layers * per_block + 2 * d
+
+
+def _gpt_cases():
+    return [(50257, 1024, 768, 12), (100, 16, 32, 2), (40478, 512, 768, 12), (1000, 64, 48, 3)]
+
+
+def _gpt_head_twice(vocab_size, context, d_model, n_layers):
+    return gpt_parameters(vocab_size, context, d_model, n_layers) + vocab_size * d_model
+
+
+def _gpt_no_positions(vocab_size, context, d_model, n_layers):
+    return gpt_parameters(vocab_size, context, d_model, n_layers) - context * d_model
+
+
+def _gpt_no_biases(vocab_size, context, d_model, n_layers):
+    return gpt_parameters(vocab_size, context, d_model, n_layers) - n_layers * 9 * d_model
+
+
+def _gpt_no_final_norm(vocab_size, context, d_model, n_layers):
+    return gpt_parameters(vocab_size, context, d_model, n_layers) - 2 * d_model
+
+
+# ---- 07.kv_cache_bytes ------------------------------------------------------------------------------
+
+
+def kv_cache_bytes(n_layers, batch, seq_len, n_heads, n_kv_heads, head_dim, bytes_per_value):
+    """Keys and values of n_kv_heads heads, per layer, position and sequence."""
+    return 2 * n_layers * batch * seq_len * n_kv_heads * head_dim * bytes_per_value
+
+
+def _kv_cases():
+    #       L,  B,  T,    h,  kv, d_k, bytes
+    return [(32, 1, 4096, 32, 32, 128, 2),   # Llama-2-7B
+            (80, 4, 2048, 64, 8, 128, 2),    # Llama-2-70B
+            (2, 3, 10, 4, 2, 8, 4),
+            (12, 2, 100, 12, 12, 64, 1)]
+
+
+def _kv_no_values(n_layers, batch, seq_len, n_heads, n_kv_heads, head_dim, bytes_per_value):
+    return kv_cache_bytes(n_layers, batch, seq_len, n_heads, n_kv_heads, head_dim, bytes_per_value) // 2
+
+
+def _kv_query_heads(n_layers, batch, seq_len, n_heads, n_kv_heads, head_dim, bytes_per_value):
+    return kv_cache_bytes(n_layers, batch, seq_len, n_heads, n_heads, head_dim, bytes_per_value)
+
+
+def _kv_one_layer(n_layers, batch, seq_len, n_heads, n_kv_heads, head_dim, bytes_per_value):
+    return kv_cache_bytes(1, batch, seq_len, n_heads, n_kv_heads, head_dim, bytes_per_value)
+
+
+# ---- 07.training_flops ---------------------------------------------------------------------------
+
+
+def training_flops(matrix_params, n_layers, context, d_attn):
+    """FLOPs to train on one token: 2 per weight-matrix entry forward, plus attention's
+    q.k scores and weighted sum of values (2 * context * d_attn each, per layer); the
+    backward pass costs twice the forward."""
+    forward = 2 * matrix_params + n_layers * 2 * 2 * context * d_attn
+    return 3 * forward
+
+
+def _flops_cases():
+    return [(6_476_005_376 + 131_072_000, 32, 4096, 4096), (84_934_656 + 38_597_376, 12, 1024, 768),
+            (1000, 2, 10, 8)]
+
+
+def _flops_forward_only(matrix_params, n_layers, context, d_attn):
+    return training_flops(matrix_params, n_layers, context, d_attn) // 3
+
+
+def _flops_one_per_multiply_add(matrix_params, n_layers, context, d_attn):
+    return training_flops(matrix_params, n_layers, context, d_attn) // 2
+
+
+def _flops_scores_only(matrix_params, n_layers, context, d_attn):
+    return 3 * (2 * matrix_params + n_layers * 2 * context * d_attn)
+
+
+def _flops_no_attention(matrix_params, n_layers, context, d_attn):
+    return 6 * matrix_params
+
+
+EXERCISES = [
+    Exercise(
+        name="07.block_parameters",
+        task="block_parameters(d_model, n_heads, n_kv_heads, d_ff, gated, bias): the parameters of one "
+             "pre-LN decoder block with grouped-query attention (d_k = d_model / n_heads), an FFN with "
+             "2 matrices (3 when gated), biases on every projection and LayerNorms when bias=True, no "
+             "biases and RMSNorms when bias=False.",
+        cases=_block_cases,
+        reference=block_parameters,
+        mistakes={
+            "K and V counted with every query head": Mistake(
+                _block_ignores_gqa, "With grouped-query attention K and V have only n_kv_heads heads: "
+                                    "each is d_model x (n_kv_heads * d_k), not d_model x d_model."),
+            "forgot the gate matrix": Mistake(
+                _block_no_gate, "A gated FFN (SwiGLU, GeGLU) has three matrices: gate and up "
+                                "(d_model x d_ff each) and down (d_ff x d_model)."),
+            "forgot the norms": Mistake(
+                _block_no_norms, "A pre-LN block has two norms, each with d_model scales (and d_model "
+                                 "shifts for LayerNorm)."),
+            "LayerNorm counted without its shift": Mistake(
+                _block_norm_scale_only, "LayerNorm learns a scale and a shift, 2 * d_model; only RMSNorm "
+                                        "has the scale alone."),
+        },
+    ),
+    Exercise(
+        name="07.gpt_parameters",
+        task="gpt_parameters(vocab_size, context, d_model, n_layers): the parameters of a GPT-2-shaped "
+             "model: token and learned position tables, blocks with biases everywhere, d_ff = 4 d and "
+             "two LayerNorms, a final LayerNorm, and an output head tied to the token table.",
+        cases=_gpt_cases,
+        reference=gpt_parameters,
+        mistakes={
+            "counted the tied head twice": Mistake(
+                _gpt_head_twice, "The head is the token table itself (tied): its V x d entries are "
+                                 "counted once."),
+            "forgot the position table": Mistake(
+                _gpt_no_positions, "GPT-2 learns a vector per position: context x d_model more."),
+            "forgot the biases": Mistake(
+                _gpt_no_biases, "Every Linear has a bias: 3d (Q, K, V) + d (O) + 4d (FFN up) + d (FFN "
+                                "down) = 9d per block."),
+            "forgot the final LayerNorm": Mistake(
+                _gpt_no_final_norm, "A pre-LN stack ends with one more LayerNorm (2 * d_model) before "
+                                    "the head."),
+        },
+    ),
+    Exercise(
+        name="07.kv_cache_bytes",
+        task="kv_cache_bytes(n_layers, batch, seq_len, n_heads, n_kv_heads, head_dim, bytes_per_value): "
+             "the bytes of the key/value cache of a decoder-only model.",
+        cases=_kv_cases,
+        reference=kv_cache_bytes,
+        mistakes={
+            "forgot the values (or the keys)": Mistake(
+                _kv_no_values, "The cache holds keys and values: a factor of 2."),
+            "used the query heads": Mistake(
+                _kv_query_heads, "Only the key/value heads are cached; with grouped-query attention "
+                                 "there are n_kv_heads of them, fewer than n_heads."),
+            "counted one layer": Mistake(
+                _kv_one_layer, "Every layer keeps its own keys and values: multiply by n_layers."),
+        },
+    ),
+    Exercise(
+        name="07.training_flops",
+        task="training_flops(matrix_params, n_layers, context, d_attn): FLOPs to train on one token: "
+             "2 per weight-matrix entry in the forward pass, plus attention's scores and weighted sum "
+             "over `context` keys (2 * context * d_attn each, per layer), and a backward pass that "
+             "costs twice the forward.",
+        cases=_flops_cases,
+        reference=training_flops,
+        mistakes={
+            "forward pass only": Mistake(
+                _flops_forward_only, "Training also runs the backward pass, about twice the forward "
+                                     "(gradients for the inputs and for the weights): 3x in all."),
+            "one FLOP per multiply-add": Mistake(
+                _flops_one_per_multiply_add, "A multiply-add is two floating-point operations: a matrix "
+                                             "entry costs 2 FLOPs per token, not 1."),
+            "counted the scores but not the weighted sum": Mistake(
+                _flops_scores_only, "Attention multiplies twice: q.k for the scores and weights @ v "
+                                    "for the output, 2 * context * d_attn each."),
+            "forgot attention": Mistake(
+                _flops_no_attention, "The weight matrices are not all: each token is scored against "
+                                     "`context` keys in every layer."),
+        },
+    ),
+]
