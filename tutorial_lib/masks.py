@@ -102,7 +102,7 @@ def prefix_lm_mask(prefix_len: int | Tensor, T: int, *, device=None) -> Tensor:
 def sliding_window_mask(T: int, window: int, S: int | None = None, *, device=None) -> Tensor:
     """Causal mask that also limits each query to its last ``window`` keys (itself included)."""
     _check_positive_int("window", window)
-    S = T if S is None else S
+    S = T if S is None else _check_positive_int("S", S)
     causal = causal_mask(T, S, device=device)
     rows = torch.arange(T, device=device).unsqueeze(1) + (S - T)
     cols = torch.arange(S, device=device).unsqueeze(0)
@@ -117,6 +117,11 @@ def combine(*masks: Tensor | None) -> Tensor | None:
             raise ValueError(f"combine takes boolean masks (True = may attend), got dtype {m.dtype}")
     if not present:
         return None
+    try:
+        torch.broadcast_shapes(*(m.shape for m in present))
+    except RuntimeError:
+        shapes = ", ".join(str(tuple(m.shape)) for m in present)
+        raise ValueError(f"combine needs masks whose shapes broadcast together, got {shapes}") from None
     out = present[0]
     for m in present[1:]:
         out = out & m
@@ -157,7 +162,8 @@ def to_additive(mask: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
 
 
 def from_additive(additive: Tensor) -> Tensor:
-    """Additive float mask to boolean: a key is allowed where the added value is not -inf."""
+    """Additive float mask to boolean: a key is blocked where the added value is -inf or the
+    dtype's most negative number (what Hugging Face models add instead of -inf)."""
     if not additive.is_floating_point():
         raise ValueError(f"expected a floating-point additive mask, got dtype {additive.dtype}")
-    return additive != float("-inf")
+    return additive > torch.finfo(additive.dtype).min

@@ -13,13 +13,20 @@ import torch
 from torch import Tensor, nn
 
 
+def _check_count(name: str, value, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+    return value
+
+
 def sinusoidal_table(T: int, d: int, base: float = 10000.0) -> Tensor:
-    """The table of Vaswani et al. (2017), shape (T, d).
+    """The table of Vaswani et al. (2017), section 3.5, shape (T, d).
 
     PE[p, 2i] = sin(p / base^(2i/d)) and PE[p, 2i+1] = cos(p / base^(2i/d)).
     """
-    if T < 1 or d < 2 or d % 2:
-        raise ValueError(f"expected T >= 1 and an even d >= 2, got T={T}, d={d}")
+    _check_count("T", T)
+    if _check_count("d", d, 2) % 2:
+        raise ValueError(f"the sinusoidal table needs an even d (sine/cosine pairs), got d={d}")
     position = torch.arange(T, dtype=torch.float64).unsqueeze(1)  # (T, 1)
     two_i = torch.arange(0, d, 2, dtype=torch.float64)  # (d/2,)
     angle = position / base ** (two_i / d)  # (T, d/2)
@@ -38,6 +45,8 @@ class SinusoidalPositions(nn.Module):
         self.register_buffer("table", sinusoidal_table(max_len, d_model), persistent=False)
 
     def forward(self, T: int, offset: int = 0) -> Tensor:
+        _check_count("T", T)
+        _check_count("offset", offset, 0)
         if offset + T > self.max_len:
             raise ValueError(
                 f"positions {offset}..{offset + T - 1} requested, but the table holds {self.max_len}"
@@ -54,6 +63,8 @@ class LearnedPositions(nn.Module):
         self.embedding = nn.Embedding(max_len, d_model)
 
     def forward(self, T: int, offset: int = 0) -> Tensor:
+        _check_count("T", T)
+        _check_count("offset", offset, 0)
         if offset + T > self.max_len:
             raise ValueError(
                 f"a learned position table of length {self.max_len} has no vector for positions "
@@ -109,6 +120,12 @@ class RotaryEmbedding(nn.Module):
                 f"RotaryEmbedding was built for head_dim={self.head_dim}, "
                 f"got q and k with last dimension {q.size(-1)} and {k.size(-1)}"
             )
+        if q.size(-2) != k.size(-2):
+            raise ValueError(
+                "q and k must hold the same positions (rotate new keys before caching them), "
+                f"got {q.size(-2)} queries and {k.size(-2)} keys"
+            )
+        _check_count("offset", offset, 0)
         cos, sin = self.cos_sin(q.size(-2), offset, dtype=q.dtype)
         return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
 
@@ -141,9 +158,9 @@ def alibi_bias(n_heads: int, T: int, S: int | None = None) -> Tensor:
     The queries are the last T of S positions (as in cached decoding). For a causal model
     only j <= i is ever used, where this is the published -slope * (i - j).
     """
-    S = T if S is None else S
-    if T < 1 or S < T:
-        raise ValueError(f"expected 1 <= T <= S, got T={T}, S={S}")
+    S = T if S is None else _check_count("S", S)
+    if _check_count("T", T) > S:
+        raise ValueError(f"expected T <= S (the queries are the last T of S positions), got T={T}, S={S}")
     rows = torch.arange(T).unsqueeze(1) + (S - T)  # absolute query positions (T, 1)
     cols = torch.arange(S).unsqueeze(0)  # (1, S)
     distance = (rows - cols).abs().float()  # (T, S)
