@@ -7,13 +7,14 @@ below every time they are read, so a replaced ``d_model`` or ``bias`` carries th
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 
 FAMILIES = ("encoder", "decoder", "encoder-decoder")
 NORMS = ("layernorm", "rmsnorm")
 NORM_ORDERS = ("pre", "post")
-FFNS = ("relu", "gelu", "gelu_tanh", "swiglu", "geglu")
-POSITIONS = ("learned", "sinusoidal", "rope", "alibi", "none")
+FFNS = ("relu", "gelu", "gelu_tanh", "swiglu", "geglu", "geglu_tanh")
+GATED_FFNS = ("swiglu", "geglu", "geglu_tanh")  # three matrices: gate, up, down
+POSITIONS = ("learned", "sinusoidal", "rope", "alibi", "relative", "none")
 BIAS_PARTS = ("qkv", "out", "ffn", "norm")
 
 
@@ -25,6 +26,14 @@ class ModelConfig:
     n_kv_heads < n_heads gives grouped-query attention; head_dim defaults to d_model / n_heads;
     d_ff defaults to 4 * d_model. ``bias`` switches every bias; ``qkv_bias``, ``out_bias``,
     ``ffn_bias`` and ``norm_bias`` override it for one part.
+
+    A few fields describe parts of published models that :mod:`tutorial_lib.params` counts but
+    this package does not build: BERT's token-type table, embedding norm and pooler
+    (``family="encoder"`` only), and T5's learned relative-position bias (``positions=
+    "relative"``: one table of ``relative_buckets`` x ``n_heads`` per self-attention stack,
+    shared by its layers). ``Embeddings`` and the attention layers refuse a config that asks
+    for them, rather than silently leaving them out; there is no encoder-only model to build
+    a pooler.
     """
 
     family: str = "decoder"
@@ -55,6 +64,12 @@ class ModelConfig:
     n_decoder_layers: int | None = None
     src_vocab_size: int | None = None  # None: same as vocab_size
     share_embeddings: bool = False  # one table for source and target tokens
+    # parts of published models that tutorial_lib.params counts (see the class docstring)
+    type_vocab_size: int = 0  # BERT's token-type (segment) table; 0: none
+    embedding_norm: bool = False  # a norm over the summed embeddings (BERT)
+    pooler: bool = False  # BERT's dense + tanh layer over the first position
+    relative_buckets: int = 32  # positions="relative" (T5): buckets of relative distance
+    relative_max_distance: int = 128  # ... the distance where the last bucket starts
     # initialisation (see tutorial_lib.layers.init_weights)
     init_std: float = 0.02
     qk_gain: float = 1.0  # multiplies the initial W_Q and W_K
@@ -71,7 +86,8 @@ class ModelConfig:
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
 
-        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "max_len"):
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "max_len", "relative_buckets",
+                     "relative_max_distance"):
             positive(name)
         for name in ("n_kv_heads", "head_dim", "d_ff", "n_decoder_layers", "src_vocab_size"):
             if getattr(self, name) is not None:
@@ -101,6 +117,12 @@ class ModelConfig:
                                                  or self.src_vocab_size is not None):
             raise ValueError("n_decoder_layers, src_vocab_size and share_embeddings belong to "
                              f"encoder-decoder models, not family={self.family!r}")
+        if isinstance(self.type_vocab_size, bool) or not isinstance(self.type_vocab_size, int) \
+                or self.type_vocab_size < 0:
+            raise ValueError(f"type_vocab_size must be an int >= 0, got {self.type_vocab_size!r}")
+        if self.family != "encoder" and (self.type_vocab_size or self.embedding_norm or self.pooler):
+            raise ValueError("type_vocab_size, embedding_norm and pooler describe BERT-style encoders "
+                             f"(family='encoder'), not family={self.family!r}")
         if self.share_embeddings and self.src_vocab_size not in (None, self.vocab_size):
             raise ValueError("shared embeddings need one vocabulary: src_vocab_size "
                              f"{self.src_vocab_size} != vocab_size {self.vocab_size}")
@@ -123,8 +145,8 @@ class ModelConfig:
 
     @property
     def gated(self) -> bool:
-        """SwiGLU and GeGLU have three matrices (gate, up, down) instead of two."""
-        return self.ffn in ("swiglu", "geglu")
+        """SwiGLU and GeGLU (exact or tanh GELU) have three matrices (gate, up, down), not two."""
+        return self.ffn in GATED_FFNS
 
     @property
     def has_final_norm(self) -> bool:
@@ -146,6 +168,11 @@ class ModelConfig:
             return False  # RMSNorm has a scale only
         override = getattr(self, f"{part}_bias")
         return self.bias if override is None else override
+
+    @classmethod
+    def from_hf(cls, hf: dict) -> ModelConfig:
+        """A ModelConfig from a Hugging Face ``config.json`` dict: see :func:`from_hf_config`."""
+        return from_hf_config(hf)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -187,65 +214,336 @@ LLAMA2_7B = ModelConfig(
     bias=False, tie_embeddings=False,
 )
 
+# ---- published shapes for counting (notebook 07, tutorial_lib.params) ------------------------
+# Each is what from_hf_config reads from the model's Hugging Face config.json (tests check
+# that), except the two Transformers of Vaswani et al. (2017), which come from the paper.
+
+LLAMA2_13B = replace(LLAMA2_7B, d_model=5120, n_layers=40, n_heads=40, n_kv_heads=40, d_ff=13824)
+
+# Llama-2-70B: grouped-query attention with 8 key/value heads.
+LLAMA2_70B = replace(LLAMA2_7B, d_model=8192, n_layers=80, n_heads=64, n_kv_heads=8, d_ff=28672)
+
+# Mistral-7B-v0.1 (Jiang et al., 2023; "mistralai/Mistral-7B-v0.1" config.json). Its sliding
+# window of 4096 changes the attention mask, not the parameters.
+MISTRAL_7B = replace(LLAMA2_7B, n_kv_heads=8, d_ff=14336, max_len=32768)
+
+# BERT-base (Devlin et al., 2019; "google-bert/bert-base-uncased" config.json), without task head.
+BERT_BASE = ModelConfig(
+    family="encoder", vocab_size=30522, d_model=768, n_layers=12, n_heads=12, d_ff=3072, max_len=512,
+    norm="layernorm", norm_eps=1e-12, norm_order="post", ffn="gelu", positions="learned", bias=True,
+    type_vocab_size=2, embedding_norm=True, pooler=True,
+)
+
+# T5-small (Raffel et al., 2020; "google-t5/t5-small" config.json). T5 also leaves out the
+# 1/sqrt(d_k) of attention (folded into the initialisation), which changes no parameter.
+T5_SMALL = ModelConfig(
+    family="encoder-decoder", vocab_size=32128, d_model=512, n_layers=6, n_heads=8, head_dim=64,
+    d_ff=2048, max_len=512, norm="rmsnorm", norm_eps=1e-6, ffn="relu", positions="relative",
+    relative_buckets=32, relative_max_distance=128, bias=False, tie_embeddings=True,
+    share_embeddings=True,
+)
+
+# The Transformer of Vaswani et al. (2017), Table 3, for English-German: a shared
+# source-target vocabulary of "about 37000 tokens" (section 5.1), one matrix for both
+# embeddings and the pre-softmax projection (section 3.4), embeddings times sqrt(d_model).
+# The paper does not say which projections carry biases; these have them all.
+TRANSFORMER_BASE = ModelConfig(
+    family="encoder-decoder", vocab_size=37000, d_model=512, n_layers=6, n_heads=8, d_ff=2048,
+    max_len=512, norm="layernorm", norm_order="post", ffn="relu", positions="sinusoidal", bias=True,
+    tie_embeddings=True, share_embeddings=True, scale_embeddings=True, dropout=0.1,
+)  # max_len changes no parameter here: the sinusoidal table is computed, not learned
+TRANSFORMER_BIG = replace(TRANSFORMER_BASE, d_model=1024, n_heads=16, d_ff=4096, dropout=0.3)
+
 PRESETS = {"gpt-tiny": GPT_TINY, "llama-tiny": LLAMA_TINY, "gpt2-small": GPT2_SMALL,
-           "llama2-7b": LLAMA2_7B}
+           "llama2-7b": LLAMA2_7B, "llama2-13b": LLAMA2_13B, "llama2-70b": LLAMA2_70B,
+           "mistral-7b": MISTRAL_7B, "bert-base": BERT_BASE, "t5-small": T5_SMALL,
+           "transformer-base": TRANSFORMER_BASE, "transformer-big": TRANSFORMER_BIG}
 
 
 def preset(name: str, **changes) -> ModelConfig:
     """A named preset, optionally with some fields replaced."""
-    from dataclasses import replace
-
     if name not in PRESETS:
         raise ValueError(f"no preset named {name!r}; the presets are {sorted(PRESETS)}")
     return replace(PRESETS[name], **changes)
 
 
-# ---- Hugging Face config.json ---------------------------------------------------------------
+# ---- Hugging Face config.json -----------------------------------------------------------------
+# A config.json says more than a ModelConfig can hold. Every field is sorted into one of four
+# kinds, so that nothing is dropped without a reason:
+#   read      turned into ModelConfig fields;
+#   metadata  bookkeeping, token ids, labels, generation settings (_HF_METADATA);
+#   ignored   changes what the model computes but no parameter shape (dropout, RoPE scaling,
+#             sliding windows): fine for counting, and named with its reason in the reader;
+#   required  changes the parameters or the kind of model at any value but the one allowed.
+# Any other field raises a ValueError: we cannot tell whether it changes the count.
+
+_HF_METADATA = frozenset({
+    "_name_or_path", "architectures", "model_type", "transformers_version", "torch_dtype", "dtype",
+    "auto_map", "_attn_implementation", "_attn_implementation_autoset", "attn_implementation",
+    "use_cache", "return_dict", "output_attentions", "output_hidden_states", "torchscript",
+    "use_bfloat16", "tf_legacy_loss", "chunk_size_feed_forward", "is_encoder_decoder",
+    "id2label", "label2id", "num_labels", "problem_type", "finetuning_task", "tokenizer_class",
+    "prefix", "task_specific_params", "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id",
+    "decoder_start_token_id", "forced_bos_token_id", "forced_eos_token_id", "max_length",
+    "min_length", "do_sample", "early_stopping", "num_beams", "num_beam_groups", "diversity_penalty",
+    "temperature", "top_k", "top_p", "typical_p", "repetition_penalty", "length_penalty",
+    "no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "bad_words_ids", "num_return_sequences",
+    "output_scores", "return_dict_in_generate", "remove_invalid_values",
+    "exponential_decay_length_penalty", "suppress_tokens", "begin_suppress_tokens",
+    "initializer_range", "initializer_factor", "gradient_checkpointing",
+})
+
+# Fields any model type may carry that change the parameters at other values:
+# field -> (the values that are fine, why another value is refused).
+_HF_REQUIRED_COMMON = {
+    "pruned_heads": (({}, None), "pruned attention heads change the projection shapes"),
+    "add_cross_attention": ((False, None), "cross-attention layers add parameters"),
+    "cross_attention_hidden_size": ((None,), "cross-attention layers add parameters"),
+    "tie_encoder_decoder": ((False, None), "tying encoder and decoder weights changes the count"),
+    "quantization_config": ((None,), "quantized checkpoints store weights in packed formats"),
+}
+
+# Model types close to supported ones, with what keeps them out.
+_UNSUPPORTED_TYPES = {
+    "mixtral": "a mixture of experts", "qwen2_moe": "a mixture of experts",
+    "gemma2": "four norms per layer (around both sublayers) and logit soft-capping",
+    "qwen3": "an RMSNorm on each head's queries and keys (q_norm, k_norm)",
+}
+
+_MOE_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts", "num_experts_per_tok", "moe_intermediate_size")
+
+_DROPOUTS = {name: "dropout has no parameters" for name in (
+    "attention_dropout", "attn_pdrop", "embd_pdrop", "resid_pdrop", "hidden_dropout_prob",
+    "attention_probs_dropout_prob", "classifier_dropout", "dropout_rate", "summary_first_dropout")}
+
+_ROPE_IGNORED = {
+    "rope_scaling": "RoPE scaling changes the rotation frequencies, not the parameters",
+    "pretraining_tp": "tensor-parallel slicing of the matrices at pre-training; same shapes, same function",
+}
+_WINDOW_IGNORED = {
+    "sliding_window": "a sliding-window mask changes which keys are attended, not the parameters",
+    "use_sliding_window": "a sliding-window mask changes which keys are attended, not the parameters",
+    "max_window_layers": "a sliding-window mask changes which keys are attended, not the parameters",
+    "layer_types": "per-layer attention kinds (full or sliding window) share one parameter layout",
+}
+
+
+def _hf_get(hf: dict, key: str, model_type: str):
+    if key not in hf or hf[key] is None:
+        raise ValueError(f"a {model_type!r} config.json needs the field {key!r}; it is missing")
+    return hf[key]
 
 
 def _rope_theta(hf: dict) -> float:
+    """RoPE's base: ``rope_theta`` (transformers 4) or ``rope_parameters["rope_theta"]`` (5)."""
     if "rope_theta" in hf:
         return float(hf["rope_theta"])
     params = hf.get("rope_parameters") or {}
     return float(params.get("rope_theta", 10000.0))
 
 
+def _override(value: bool, default: bool) -> bool | None:
+    """A per-part bias flag, or None when it equals the model-wide ``bias``."""
+    return None if value == default else value
+
+
 def _gpt2_config(hf: dict) -> ModelConfig:
     activation = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu",
                   "relu": "relu"}.get(hf.get("activation_function", "gelu_new"))
     if activation is None:
-        raise ValueError(f"unsupported GPT-2 activation_function {hf.get('activation_function')!r}")
+        raise ValueError(f"unsupported GPT-2 activation_function {hf.get('activation_function')!r}; "
+                         "expected gelu_new, gelu_pytorch_tanh, gelu or relu")
+    get = lambda key: _hf_get(hf, key, "gpt2")
     return ModelConfig(
-        family="decoder", vocab_size=hf["vocab_size"], d_model=hf["n_embd"], n_layers=hf["n_layer"],
-        n_heads=hf["n_head"], d_ff=hf.get("n_inner"), max_len=hf["n_positions"], norm="layernorm",
+        family="decoder", vocab_size=get("vocab_size"), d_model=get("n_embd"), n_layers=get("n_layer"),
+        n_heads=get("n_head"), d_ff=hf.get("n_inner"), max_len=get("n_positions"), norm="layernorm",
         norm_eps=hf.get("layer_norm_epsilon", 1e-5), ffn=activation, positions="learned", bias=True,
         tie_embeddings=hf.get("tie_word_embeddings", True),
     )
 
 
-def _llama_config(hf: dict) -> ModelConfig:
-    if hf.get("hidden_act", "silu") != "silu":
-        raise ValueError(f"unsupported LLaMA hidden_act {hf.get('hidden_act')!r} (expected 'silu')")
-    attention_bias = bool(hf.get("attention_bias", False))
+_GPT2_FIELDS = {
+    "read": {"vocab_size", "n_embd", "n_layer", "n_head", "n_inner", "n_positions", "activation_function",
+             "layer_norm_epsilon", "tie_word_embeddings"},
+    "ignored": _DROPOUTS | {
+        "n_ctx": "an old copy of n_positions that transformers no longer reads",
+        "summary_type": "the classification head of GPT2DoubleHeadsModel, not part of the language model",
+        "summary_use_proj": "the classification head of GPT2DoubleHeadsModel",
+        "summary_activation": "the classification head of GPT2DoubleHeadsModel",
+        "summary_proj_to_labels": "the classification head of GPT2DoubleHeadsModel",
+        "scale_attn_weights": "how attention scores are scaled, not a parameter",
+        "scale_attn_by_inverse_layer_idx": "how attention scores are scaled, not a parameter",
+        "reorder_and_upcast_attn": "float precision of the attention scores, not a parameter",
+    },
+    "required": {},
+}
+
+
+# The LLaMA family: RMSNorm, RoPE, a gated FFN, grouped-query attention, no biases by default.
+# The members differ in which biases they have, how they tie, and their gate's activation.
+_LLAMA_LIKE = {
+    #           activation field,  allowed values -> ffn,                         tie default
+    "llama": ("hidden_act", {"silu": "swiglu"}, False),
+    "mistral": ("hidden_act", {"silu": "swiglu"}, False),
+    "qwen2": ("hidden_act", {"silu": "swiglu"}, False),
+    "phi3": ("hidden_act", {"silu": "swiglu"}, False),
+    # Gemma's released configs say "gelu" but mean the tanh approximation; transformers reads
+    # it that way too (GemmaConfig replaces it with "gelu_pytorch_tanh").
+    "gemma": ("hidden_act", {"gelu": "geglu_tanh", "gelu_pytorch_tanh": "geglu_tanh"}, True),
+}
+
+
+def _llama_like_config(hf: dict) -> ModelConfig:
+    model_type = hf["model_type"]
+    act_field, activations, tie_default = _LLAMA_LIKE[model_type]
+    act = hf.get("hidden_activation") or hf.get(act_field) or next(iter(activations))
+    if act not in activations:
+        raise ValueError(f"unsupported {model_type} {act_field} {act!r}; expected one of {sorted(activations)}")
+    get = lambda key: _hf_get(hf, key, model_type)
+    d, h = get("hidden_size"), get("num_attention_heads")
+    head_dim = hf.get("head_dim")
+    if head_dim is not None and d % h == 0 and head_dim == d // h:
+        head_dim = None  # the default, d / h
+    if model_type == "qwen2":  # Qwen2 always has biases on Q, K and V, and none on O
+        qkv_bias, out_bias = True, False
+    else:
+        qkv_bias = out_bias = bool(hf.get("attention_bias", False))
     return ModelConfig(
-        family="decoder", vocab_size=hf["vocab_size"], d_model=hf["hidden_size"],
-        n_layers=hf["num_hidden_layers"], n_heads=hf["num_attention_heads"],
-        n_kv_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"], head_dim=hf.get("head_dim"),
-        d_ff=hf["intermediate_size"], max_len=hf.get("max_position_embeddings", 2048), norm="rmsnorm",
-        norm_eps=hf.get("rms_norm_eps", 1e-6), ffn="swiglu", positions="rope", rope_base=_rope_theta(hf),
-        bias=False, qkv_bias=attention_bias, out_bias=attention_bias, ffn_bias=bool(hf.get("mlp_bias", False)),
-        tie_embeddings=hf.get("tie_word_embeddings", False),
+        family="decoder", vocab_size=get("vocab_size"), d_model=d, n_layers=get("num_hidden_layers"),
+        n_heads=h, n_kv_heads=hf.get("num_key_value_heads") or h, head_dim=head_dim,
+        d_ff=get("intermediate_size"), max_len=hf.get("max_position_embeddings", 2048), norm="rmsnorm",
+        norm_eps=hf.get("rms_norm_eps", 1e-6), ffn=activations[act], positions="rope",
+        rope_base=_rope_theta(hf), bias=False, qkv_bias=_override(qkv_bias, False),
+        out_bias=_override(out_bias, False), ffn_bias=_override(bool(hf.get("mlp_bias", False)), False),
+        tie_embeddings=hf.get("tie_word_embeddings", tie_default),
+        scale_embeddings=model_type == "gemma",  # Gemma multiplies embeddings by sqrt(d_model)
     )
 
 
-_FROM_HF = {"gpt2": _gpt2_config, "llama": _llama_config}
+_LLAMA_READ = {"vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+               "head_dim", "intermediate_size", "max_position_embeddings", "rms_norm_eps", "hidden_act",
+               "rope_theta", "rope_parameters", "tie_word_embeddings"}
+_LLAMA_IGNORED = _DROPOUTS | _ROPE_IGNORED
+
+
+def _llama_fields(read=(), ignored=None, required=None) -> dict:
+    return {"read": _LLAMA_READ | set(read), "ignored": _LLAMA_IGNORED | (ignored or {}), "required": required or {}}
+
+
+def _bert_config(hf: dict) -> ModelConfig:
+    act = hf.get("hidden_act", "gelu")
+    ffn = {"gelu": "gelu", "relu": "relu", "gelu_new": "gelu_tanh"}.get(act)
+    if ffn is None:
+        raise ValueError(f"unsupported BERT hidden_act {act!r}; expected gelu, gelu_new or relu")
+    get = lambda key: _hf_get(hf, key, "bert")
+    return ModelConfig(
+        family="encoder", vocab_size=get("vocab_size"), d_model=get("hidden_size"),
+        n_layers=get("num_hidden_layers"), n_heads=get("num_attention_heads"), d_ff=get("intermediate_size"),
+        max_len=get("max_position_embeddings"), norm="layernorm", norm_eps=hf.get("layer_norm_eps", 1e-12),
+        norm_order="post", ffn=ffn, positions="learned", bias=True, type_vocab_size=hf.get("type_vocab_size", 2),
+        embedding_norm=True, pooler=True,
+    )
+
+
+_BERT_FIELDS = {
+    "read": {"vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+             "hidden_act", "max_position_embeddings", "type_vocab_size", "layer_norm_eps"},
+    "ignored": _DROPOUTS | {"tie_word_embeddings": "BertModel has no output head to tie"},
+    "required": {
+        "position_embedding_type": (("absolute",), "relative-position variants add other tables"),
+        "is_decoder": ((False, None), "a causal BERT is a different kind of model"),
+    },
+}
+
+_T5_FFNS = {"relu": "relu", "gelu": "gelu", "gated-gelu": "geglu_tanh", "gated-silu": "swiglu"}
+
+
+def _t5_config(hf: dict) -> ModelConfig:
+    proj = hf.get("feed_forward_proj", "relu")
+    if proj not in _T5_FFNS:
+        raise ValueError(f"unsupported T5 feed_forward_proj {proj!r}; expected one of {sorted(_T5_FFNS)}")
+    get = lambda key: _hf_get(hf, key, "t5")
+    n_layers = get("num_layers")
+    n_decoder = hf.get("num_decoder_layers")
+    return ModelConfig(
+        family="encoder-decoder", vocab_size=get("vocab_size"), d_model=get("d_model"), n_layers=n_layers,
+        n_decoder_layers=None if n_decoder in (None, n_layers) else n_decoder, n_heads=get("num_heads"),
+        head_dim=get("d_kv"), d_ff=get("d_ff"), max_len=hf.get("n_positions", 512), norm="rmsnorm",
+        norm_eps=hf.get("layer_norm_epsilon", 1e-6), ffn=_T5_FFNS[proj], positions="relative",
+        relative_buckets=hf.get("relative_attention_num_buckets", 32),
+        relative_max_distance=hf.get("relative_attention_max_distance", 128), bias=False,
+        tie_embeddings=hf.get("tie_word_embeddings", True), share_embeddings=True,
+    )
+
+
+_T5_FIELDS = {
+    "read": {"vocab_size", "d_model", "num_layers", "num_decoder_layers", "num_heads", "d_kv", "d_ff",
+             "n_positions", "layer_norm_epsilon", "feed_forward_proj", "relative_attention_num_buckets",
+             "relative_attention_max_distance", "tie_word_embeddings"},
+    "ignored": _DROPOUTS | {
+        "dense_act_fn": "derived by transformers from feed_forward_proj",
+        "is_gated_act": "derived by transformers from feed_forward_proj",
+        "output_past": "an old generation setting",
+        "scale_decoder_outputs": "scales the tied head's input, not a parameter",
+    },
+    "required": {"is_decoder": ((False, None), "T5ForConditionalGeneration has both stacks")},
+}
+
+_FROM_HF = {
+    "gpt2": (_gpt2_config, _GPT2_FIELDS),
+    "bert": (_bert_config, _BERT_FIELDS),
+    "t5": (_t5_config, _T5_FIELDS),
+    "llama": (_llama_like_config, _llama_fields(read={"attention_bias", "mlp_bias"})),
+    "mistral": (_llama_like_config, _llama_fields(ignored=_WINDOW_IGNORED)),
+    "qwen2": (_llama_like_config, _llama_fields(ignored=_WINDOW_IGNORED)),
+    "gemma": (_llama_like_config, _llama_fields(
+        read={"attention_bias", "hidden_activation"},
+        required={"use_bidirectional_attention": ((False, None), "a bidirectional Gemma is an encoder")})),
+    "phi3": (_llama_like_config, _llama_fields(
+        ignored=_WINDOW_IGNORED | {
+            "original_max_position_embeddings": "the context length RoPE scaling starts from",
+            "partial_rotary_factor": "how much of each head RoPE rotates, not a parameter"},
+        # transformers' Phi3 builds its fused QKV projection without a bias whatever this says
+        required={"attention_bias": ((False, None), "Phi3ForCausalLM has no attention biases")})),
+}
+
+
+def _check_fields(hf: dict, model_type: str, spec: dict) -> None:
+    moe = [key for key in _MOE_FIELDS if hf.get(key)]
+    if moe:
+        raise ValueError(f"{model_type} config has mixture-of-experts fields {moe}; tutorial_lib counts "
+                         "dense models only")
+    required = _HF_REQUIRED_COMMON | spec["required"]
+    for key, (allowed, why) in required.items():
+        if key in hf and hf[key] not in allowed:
+            raise ValueError(f"{model_type} config has {key}={hf[key]!r}; tutorial_lib supports only "
+                             f"{' or '.join(map(repr, allowed))} ({why})")
+    known = _HF_METADATA | spec["read"] | set(spec["ignored"]) | set(required)
+    unknown = sorted(set(hf) - known)
+    if unknown:
+        raise ValueError(f"{model_type} config has fields tutorial_lib does not know: {unknown}; it cannot "
+                         "tell whether they change the architecture, so it will not guess a count")
 
 
 def from_hf_config(hf: dict) -> ModelConfig:
-    """A ModelConfig from a Hugging Face ``config.json`` dict (``model_type`` decides how it is read)."""
+    """A ModelConfig from a Hugging Face ``config.json`` dict (``model_type`` decides how it is read).
+
+    Supported: ``gpt2``, ``bert`` (BertModel: embeddings, encoder, pooler), ``t5``
+    (T5ForConditionalGeneration) and the LLaMA family ``llama``, ``mistral``, ``qwen2``,
+    ``gemma``, ``phi3``. Fields that change the computation but no parameter (dropout, RoPE
+    scaling, sliding windows) are accepted and not described by the result. A field that
+    would change the parameters in a way ModelConfig does not describe (mixture of experts,
+    pruned heads, cross-attention in a decoder, quantization), or any field this reader does
+    not know, raises a ValueError rather than giving a wrong count.
+    """
     if not isinstance(hf, dict):
         raise ValueError(f"expected a config.json dict, got {type(hf).__name__}")
     model_type = hf.get("model_type")
+    if model_type in _UNSUPPORTED_TYPES:
+        raise ValueError(f"model_type {model_type!r} is not supported: it has {_UNSUPPORTED_TYPES[model_type]}, "
+                         f"which ModelConfig does not describe; supported: {sorted(_FROM_HF)}")
     if model_type not in _FROM_HF:
         raise ValueError(f"model_type {model_type!r} is not supported; supported: {sorted(_FROM_HF)}")
-    return _FROM_HF[model_type](hf)
+    build, spec = _FROM_HF[model_type]
+    _check_fields(hf, model_type, spec)
+    return build(hf)

@@ -1,0 +1,401 @@
+"""How many parameters a Transformer has, and what they cost: memory for the weights, for
+training and for the KV cache, and floating-point operations per token.
+
+:func:`expected_parameters` counts from a :class:`ModelConfig` alone, with integer arithmetic
+(nothing is allocated, so a 70B config takes microseconds); :func:`count_parameters` measures
+a built model. Both return the same breakdown, one key per component, summed over the layers
+of a stack, plus ``"total"``:
+
+    embed.tokens, embed.positions            token table, learned position table (0 otherwise)
+    embed.source_tokens, embed.source_positions   encoder-decoder: the source side (0 when shared)
+    embed.token_types, embed.norm            encoder (BERT): token-type table, embedding norm
+    <stack>.attn.q / .k / .v / .o            self-attention projections with their biases;
+                                             K and V have n_kv_heads heads (grouped-query)
+    decoder.cross.q / .k / .v / .o           encoder-decoder: cross-attention
+    <stack>.ffn.up / .gate / .down           feed-forward matrices and biases (gate: 0 unless gated)
+    <stack>.norms                            the norms inside the layers
+    <stack>.position_bias                    T5's relative-position table, one per stack
+    <stack>.final_norm                       the norm after the last layer (pre-LN stacks)
+    head                                     output projection, 0 when tied to embed.tokens
+    pooler                                   encoder (BERT): dense layer over the first position
+
+``<stack>`` is ``decoder`` for decoder-only models, ``encoder`` for encoders, both for
+encoder-decoder models. Run ``python -m tutorial_lib.params config.json`` for the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .config import PRESETS, ModelConfig, from_hf_config
+
+# ---- counting from the config ---------------------------------------------------------------
+
+
+def _linear(n_in: int, n_out: int, bias: bool) -> int:
+    return n_in * n_out + (n_out if bias else 0)
+
+
+def _norm(cfg: ModelConfig) -> int:
+    """One norm over d_model features: a scale, and a shift for LayerNorm with bias."""
+    return cfg.d_model * (2 if cfg.uses_bias("norm") else 1)
+
+
+def _attention(cfg: ModelConfig, prefix: str) -> dict[str, int]:
+    d, qkv_bias = cfg.d_model, cfg.uses_bias("qkv")
+    q_width, kv_width = cfg.n_heads * cfg.d_k, cfg.kv_heads * cfg.d_k  # grouped-query: kv_heads <= n_heads
+    return {f"{prefix}.q": _linear(d, q_width, qkv_bias), f"{prefix}.k": _linear(d, kv_width, qkv_bias),
+            f"{prefix}.v": _linear(d, kv_width, qkv_bias), f"{prefix}.o": _linear(q_width, d, cfg.uses_bias("out"))}
+
+
+def block_parameters(cfg: ModelConfig, cross_attention: bool = False) -> dict[str, int]:
+    """The parameters of one layer: self-attention, cross-attention when asked for (a decoder
+    layer of an encoder-decoder model), the feed-forward network and the norms, and "total"."""
+    d, f, bias = cfg.d_model, cfg.ffn_dim, cfg.uses_bias("ffn")
+    counts = _attention(cfg, "attn")
+    if cross_attention:
+        counts |= _attention(cfg, "cross")
+    counts |= {"ffn.up": _linear(d, f, bias), "ffn.gate": _linear(d, f, bias) if cfg.gated else 0,
+               "ffn.down": _linear(f, d, bias), "norms": (3 if cross_attention else 2) * _norm(cfg)}
+    counts["total"] = sum(counts.values())
+    return counts
+
+
+def _stacks(cfg: ModelConfig) -> list[tuple[str, int, bool]]:
+    """(name, number of layers, has cross-attention) for each stack of the model."""
+    if cfg.family == "encoder-decoder":
+        return [("encoder", cfg.n_layers, False), ("decoder", cfg.decoder_layers, True)]
+    return [(cfg.family, cfg.n_layers, False)]
+
+
+def expected_parameters(cfg: ModelConfig) -> dict[str, int]:
+    """The parameter count of the model ``cfg`` describes, by component (see the module
+    docstring for the keys), computed from the config alone. Tied matrices count once."""
+    if not isinstance(cfg, ModelConfig):
+        raise ValueError(f"expected a ModelConfig, got {type(cfg).__name__}")
+    d = cfg.d_model
+    positions = cfg.max_len * d if cfg.positions == "learned" else 0  # sinusoidal: computed, not learned
+    counts: dict[str, int] = {}
+    if cfg.family == "encoder-decoder":
+        counts["embed.source_tokens"] = 0 if cfg.share_embeddings else cfg.source_vocab_size * d
+        counts["embed.source_positions"] = positions
+    counts["embed.tokens"] = cfg.vocab_size * d
+    counts["embed.positions"] = positions
+    if cfg.family == "encoder":
+        counts["embed.token_types"] = cfg.type_vocab_size * d
+        counts["embed.norm"] = _norm(cfg) if cfg.embedding_norm else 0
+    for stack, n_layers, cross in _stacks(cfg):
+        block = block_parameters(cfg, cross)
+        counts |= {f"{stack}.{key}": n_layers * n for key, n in block.items() if key != "total"}
+        # T5: one learned bias per (bucket, head), shared by the stack's self-attention layers
+        counts[f"{stack}.position_bias"] = cfg.relative_buckets * cfg.n_heads if cfg.positions == "relative" else 0
+        counts[f"{stack}.final_norm"] = _norm(cfg) if cfg.has_final_norm else 0
+    if cfg.family == "encoder":
+        counts["pooler"] = _linear(d, d, True) if cfg.pooler else 0
+    else:
+        counts["head"] = 0 if cfg.tie_embeddings else cfg.vocab_size * d
+    counts["total"] = sum(counts.values())
+    return counts
+
+
+GROUPS = ("embeddings", "attention", "feed-forward", "norms", "head")
+
+
+def group_of(key: str) -> str:
+    """Which of :data:`GROUPS` a breakdown key belongs to (for plots and summaries)."""
+    if key == "embed.norm" or key.endswith(("norms", "final_norm")):
+        return "norms"
+    if key.startswith("embed."):
+        return "embeddings"
+    if ".attn." in key or ".cross." in key or key.endswith("position_bias"):
+        return "attention"
+    if ".ffn." in key:
+        return "feed-forward"
+    if key in ("head", "pooler", "frontend"):
+        return "head"
+    raise ValueError(f"unknown breakdown key {key!r}")
+
+
+def grouped(counts: dict[str, int]) -> dict[str, int]:
+    """A breakdown summed into :data:`GROUPS` (embeddings, attention, feed-forward, norms, head)."""
+    out = dict.fromkeys(GROUPS, 0)
+    for key, n in counts.items():
+        if key != "total":
+            out[group_of(key)] += n
+    return out
+
+
+# ---- measuring a built model ----------------------------------------------------------------
+
+_STACK = r"(?P<stack>blocks|encoder\.layers|decoder\.layers)\.\d+"
+_RULES = [
+    (re.compile(r"(?:embed|tgt_embed)\.tokens\."), "embed.tokens"),
+    (re.compile(r"(?:embed|tgt_embed)\.positions\."), "embed.positions"),
+    (re.compile(r"src_embed\.tokens\."), "embed.source_tokens"),
+    (re.compile(r"src_embed\.positions\."), "embed.source_positions"),
+    (re.compile(_STACK + r"\.(?P<attn>attn|self_attn|cross_attn)\.(?P<proj>qkv|out)\."), "{stack}.{attn}"),
+    (re.compile(_STACK + r"\.ffn\.(?P<part>up|gate|down)\."), "{stack}.ffn.{part}"),
+    (re.compile(_STACK + r"\.\w+_sublayer\.norm\."), "{stack}.norms"),
+    (re.compile(r"(?:(?P<stack>encoder|decoder)\.)?final_norm\."), "{stack}.final_norm"),
+    (re.compile(r"head\."), "head"),
+    (re.compile(r"frontend\."), "frontend"),
+]
+_STACK_NAMES = {"blocks": "decoder", "encoder.layers": "encoder", "decoder.layers": "decoder", None: "decoder",
+                "encoder": "encoder", "decoder": "decoder"}
+_ATTENTION_NAMES = {"attn": "attn", "self_attn": "attn", "cross_attn": "cross"}
+
+
+def _attention_split(model: nn.Module, name: str, param: nn.Parameter, match) -> dict[str, int]:
+    """Split a fused [Q; K; V] projection (rows q_size, kv_size, kv_size) into its three parts."""
+    prefix = f"{_STACK_NAMES[match['stack']]}.{_ATTENTION_NAMES[match['attn']]}"
+    if match["proj"] == "out":
+        return {f"{prefix}.o": param.numel()}
+    module = model.get_submodule(name.rsplit(".", 2)[0])  # the MultiHeadAttention
+    per_row = param.numel() // param.shape[0]  # d_model for the weight, 1 for the bias
+    return {f"{prefix}.q": module.q_size * per_row, f"{prefix}.k": module.kv_size * per_row,
+            f"{prefix}.v": module.kv_size * per_row}
+
+
+def count_parameters(model: nn.Module) -> dict[str, int]:
+    """The measured parameter count of a tutorial_lib model (DecoderOnlyLM, EncoderDecoder, or
+    the encoder-only EncoderBackbone), by component, with the keys of
+    :func:`expected_parameters`. A tied matrix counts once, under the first name it was
+    registered with (the embedding). A model with a ``frontend`` gets a ``"frontend"`` key.
+    Works on models built on the meta device (only shapes are read)."""
+    cfg = getattr(model, "cfg", None)
+    if not isinstance(model, nn.Module) or not isinstance(cfg, ModelConfig):
+        raise ValueError(f"expected a tutorial_lib model with a .cfg ModelConfig, got {type(model).__name__}")
+    counts = {key: 0 for key in expected_parameters(cfg) if key != "total"}
+    for name, param in model.named_parameters():  # each shared Parameter once
+        for pattern, key in _RULES:
+            match = pattern.match(name)
+            if match is None:
+                continue
+            if "{attn}" in key:
+                parts = _attention_split(model, name, param, match)
+            else:
+                stack = _STACK_NAMES.get(match.groupdict().get("stack"))
+                parts = {key.format(stack=stack, part=match.groupdict().get("part")): param.numel()}
+            for part, n in parts.items():
+                counts[part] = counts.get(part, 0) + n
+            break
+        else:
+            raise ValueError(f"parameter {name!r} of shape {tuple(param.shape)} belongs to no known "
+                             "component; count_parameters knows DecoderOnlyLM, EncoderDecoder and "
+                             "EncoderBackbone")
+    counts["total"] = sum(counts.values())
+    return counts
+
+
+def unique_parameter_count(model: nn.Module) -> int:
+    """sum(p.numel()) over a model's parameters, each shared (tied) tensor once: what
+    ``transformers`` reports for its own models."""
+    return sum(p.numel() for p in model.parameters())
+
+
+# ---- memory -----------------------------------------------------------------------------------
+
+DTYPE_BYTES = {"fp32": 4, "float32": 4, "fp16": 2, "float16": 2, "bf16": 2, "bfloat16": 2, "int8": 1}
+GiB = 2**30
+
+
+def dtype_bytes(dtype) -> int:
+    """Bytes per value: a name from :data:`DTYPE_BYTES` or a torch dtype."""
+    if isinstance(dtype, torch.dtype):
+        return dtype.itemsize
+    if dtype not in DTYPE_BYTES:
+        raise ValueError(f"dtype must be a torch dtype or one of {sorted(DTYPE_BYTES)}, got {dtype!r}")
+    return DTYPE_BYTES[dtype]
+
+
+def _n_params(params) -> int:
+    if isinstance(params, ModelConfig):
+        return expected_parameters(params)["total"]
+    if isinstance(params, bool) or not isinstance(params, int) or params < 0:
+        raise ValueError(f"expected a ModelConfig or a parameter count (int >= 0), got {params!r}")
+    return params
+
+
+def weight_bytes(params, dtype="bf16") -> int:
+    """Bytes to hold the weights: a ModelConfig or a parameter count, in ``dtype``."""
+    return _n_params(params) * dtype_bytes(dtype)
+
+
+def training_bytes(params, precision: str = "mixed") -> dict[str, int]:
+    """Bytes for weights, gradients and AdamW's two moment estimates, without activations.
+
+    ``"fp32"``: weights, gradients and both moments in float32: 4 + 4 + 8 = 16 bytes a parameter.
+    ``"mixed"``: 16-bit weights and gradients, plus a float32 master copy of the weights and
+    float32 moments: 2 + 2 + 4 + 8 = 16 bytes a parameter (Rajbhandari et al., 2020, "ZeRO",
+    section 3.1). Activations depend on batch, length and recomputation, and are not included.
+    """
+    n = _n_params(params)
+    if precision == "fp32":
+        parts = {"weights": 4 * n, "gradients": 4 * n, "master_weights": 0, "optimizer_states": 8 * n}
+    elif precision == "mixed":
+        parts = {"weights": 2 * n, "gradients": 2 * n, "master_weights": 4 * n, "optimizer_states": 8 * n}
+    else:
+        raise ValueError(f"precision must be 'fp32' or 'mixed', got {precision!r}")
+    parts["total"] = sum(parts.values())
+    return parts
+
+
+def _positive(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return value
+
+
+def kv_cache_bytes(cfg: ModelConfig, batch: int, seq_len: int, dtype="bf16", *,
+                   source_len: int | None = None) -> int:
+    """Bytes of the key/value cache when ``batch`` sequences hold ``seq_len`` positions each.
+
+    Per decoder layer and position: keys and values of n_kv_heads heads of d_k values, so
+    grouped-query attention shrinks it by n_heads / n_kv_heads. An encoder-decoder model also
+    keeps the cross-attention keys and values of ``source_len`` encoder positions per layer.
+    """
+    _positive("batch", batch)
+    _positive("seq_len", seq_len)
+    if cfg.family == "encoder":
+        raise ValueError("an encoder reads its whole input at once and keeps no KV cache; "
+                         "use a decoder or encoder-decoder config")
+    if seq_len > cfg.max_len:
+        raise ValueError(f"seq_len {seq_len} is longer than the model's context, max_len={cfg.max_len}")
+    per_position = 2 * cfg.kv_heads * cfg.d_k * dtype_bytes(dtype)  # keys and values, one layer
+    positions = seq_len
+    if cfg.family == "encoder-decoder":
+        if source_len is None:
+            raise ValueError("an encoder-decoder cache also holds the encoder's keys and values: give source_len")
+        positions += _positive("source_len", source_len)
+    return cfg.decoder_layers * batch * positions * per_position
+
+
+# ---- FLOPs ------------------------------------------------------------------------------------
+
+
+def flops_per_token(cfg: ModelConfig, context: int | None = None) -> dict[str, int]:
+    """Floating-point operations to process one token, forward and for training.
+
+    Every weight matrix the token passes through costs 2 FLOPs per entry (a multiply and an
+    add); that includes the output head, tied or not, but not the embedding lookup, biases,
+    norms or the softmax, which are small. Attention adds, per layer, the scores q.k against
+    ``context`` keys and the weighted sum of ``context`` values: 2 * 2 * context * n_heads * d_k.
+    Training is 3x the forward pass: the backward pass costs twice the forward (gradients with
+    respect to the inputs and to the weights). This is the counting of Kaplan et al. (2020),
+    "Scaling Laws for Neural Language Models", Table 1, which however counts the attention
+    term once (2 * n_layer * n_ctx * d_attn), and of Hoffmann et al. (2022), "Training
+    Compute-Optimal Large Language Models", Appendix F, which counts both products as here.
+
+    ``context``: the number of keys each query is scored against (default max_len). A dense
+    pass over T tokens computes all T (and masks afterwards); decoding position t needs t + 1.
+    """
+    if cfg.family == "encoder-decoder":
+        raise ValueError("flops_per_token counts tokens through one stack; an encoder-decoder model has "
+                         "source and target tokens with different costs")
+    context = cfg.max_len if context is None else _positive("context", context)
+    d, q_width, kv_width = cfg.d_model, cfg.n_heads * cfg.d_k, cfg.kv_heads * cfg.d_k
+    matrices = d * q_width + 2 * d * kv_width + q_width * d + (3 if cfg.gated else 2) * d * cfg.ffn_dim  # one layer
+    head = cfg.vocab_size * d if cfg.family == "decoder" else 0
+    matmul = 2 * (cfg.n_layers * matrices + head)
+    attention = cfg.n_layers * 2 * 2 * context * cfg.n_heads * cfg.d_k
+    forward = matmul + attention
+    return {"matmul": matmul, "attention": attention, "forward": forward, "training": 3 * forward}
+
+
+# ---- reading and printing ----------------------------------------------------------------------
+
+
+def load_config(source) -> ModelConfig:
+    """A ModelConfig from a ModelConfig, a preset name, a config.json dict or a path to one."""
+    if isinstance(source, ModelConfig):
+        return source
+    if isinstance(source, dict):
+        return from_hf_config(source)
+    if isinstance(source, str) and source in PRESETS:
+        return PRESETS[source]
+    path = Path(source)
+    if not path.is_file():
+        raise ValueError(f"{source!r} is neither a config.json file nor a preset; presets: {sorted(PRESETS)}")
+    try:
+        hf = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path.name} is not valid JSON: {err}") from err
+    return from_hf_config(hf)
+
+
+def format_count(n: int) -> str:
+    """6738415616 -> '6,738,415,616 (6.74 B)'."""
+    for size, unit in ((10**9, "B"), (10**6, "M"), (10**3, "k")):
+        if n >= size:
+            return f"{n:,} ({n / size:.2f} {unit})"
+    return f"{n:,}"
+
+
+def format_bytes(n: float) -> str:
+    """Bytes in GiB (2^30) or MiB (2^20)."""
+    return f"{n / GiB:,.2f} GiB" if n >= GiB else f"{n / 2**20:,.2f} MiB"
+
+
+def format_breakdown(counts: dict[str, int], *, skip_zero: bool = True) -> str:
+    """A text table of a breakdown: component, parameters, share of the total."""
+    total = counts["total"]
+    rows = [(key, n) for key, n in counts.items() if key != "total" and (n or not skip_zero)]
+    width = max(len(key) for key, _ in rows + [("component", 0)])
+    lines = [f"{'component':<{width}}  {'parameters':>15}  {'share':>7}"]
+    lines += [f"{key:<{width}}  {n:>15,}  {100 * n / total:6.2f}%" for key, n in rows]
+    lines.append(f"{'total':<{width}}  {total:>15,}  {100.0:6.2f}%")
+    return "\n".join(lines)
+
+
+def report(cfg: ModelConfig, *, batch: int = 1, seq_len: int | None = None, dtype="bf16",
+           source_len: int | None = None) -> str:
+    """The breakdown table and the memory and FLOPs figures, as the command line prints them."""
+    seq_len = cfg.max_len if seq_len is None else seq_len
+    counts = expected_parameters(cfg)
+    n = counts["total"]
+    lines = [f"{cfg.family} model, {format_count(n)} parameters", "", format_breakdown(counts), "",
+             "weights:  " + "   ".join(f"{name} {format_bytes(weight_bytes(n, name))}"
+                                        for name in ("fp32", "bf16", "int8"))]
+    lines.append(f"training with AdamW (weights, gradients, two moments; 16 bytes a parameter in fp32 or mixed "
+                 f"precision; activations not included): {format_bytes(training_bytes(n)['total'])}")
+    if cfg.family != "encoder":
+        source = (source_len or seq_len) if cfg.family == "encoder-decoder" else None
+        where = f" + {source} source positions" if source else ""
+        lines.append(f"KV cache ({dtype}, batch {batch}, {seq_len} positions{where}): "
+                     f"{format_bytes(kv_cache_bytes(cfg, batch, seq_len, dtype, source_len=source))}")
+    if cfg.family != "encoder-decoder":
+        flops = flops_per_token(cfg, seq_len)
+        lines.append(f"FLOPs per token at a context of {seq_len}: forward {flops['forward'] / 1e9:,.2f} G "
+                     f"(attention {flops['attention'] / 1e9:,.2f} G), training {flops['training'] / 1e9:,.2f} G")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m tutorial_lib.params",
+        description="Parameter breakdown, memory and FLOPs of a model from its Hugging Face config.json.")
+    parser.add_argument("config", help=f"path to a config.json, or a preset: {', '.join(sorted(PRESETS))}")
+    parser.add_argument("--batch", type=int, default=1, help="sequences in the KV cache (default 1)")
+    parser.add_argument("--seq-len", type=int, default=None, help="positions per sequence (default: max_len)")
+    parser.add_argument("--source-len", type=int, default=None,
+                        help="encoder positions for an encoder-decoder cache (default: seq-len)")
+    parser.add_argument("--dtype", default="bf16", choices=sorted(DTYPE_BYTES), help="KV-cache dtype")
+    args = parser.parse_args(argv)
+    try:
+        cfg = load_config(args.config)
+        text = report(cfg, batch=args.batch, seq_len=args.seq_len, dtype=args.dtype, source_len=args.source_len)
+    except ValueError as err:
+        parser.error(str(err))
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
