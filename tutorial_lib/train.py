@@ -1,6 +1,10 @@
 """Training: learning-rate schedules, AdamW with parameter groups, label-smoothed loss, and
 one small training loop (progress bar, gradient clipping with the norm logged, gradient
-accumulation, mixed precision, callbacks, a stop on non-finite values)."""
+accumulation, mixed precision, callbacks, a stop on non-finite values that says where).
+
+Checkpoints that resume a run exactly live in :mod:`tutorial_lib.checkpoint`; data-parallel
+training in :mod:`tutorial_lib.ddp`.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ import contextlib
 import math
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 import torch
 import torch.nn.functional as F
@@ -52,24 +56,41 @@ def warmup_cosine_schedule(warmup_steps: int, total_steps: int, min_ratio: float
 
 def constant_schedule(warmup_steps: int = 0) -> Callable[[int], float]:
     """Linear warmup (if any) to 1, then constant."""
+    if warmup_steps < 0:
+        raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
     return lambda step: min(1.0, (step + 1) / warmup_steps) if warmup_steps else 1.0
 
 
 # ---- optimiser --------------------------------------------------------------------------------
 
 
+def param_group_names(model: nn.Module) -> dict[str, list[str]]:
+    """Which parameters get weight decay: ``{"decay": [...], "no_decay": [...]}`` by name.
+
+    Decay: matrices (every parameter with 2 or more dimensions) except embedding tables.
+    No decay: norms' scales and shifts, biases (1-D), and embeddings. A tied parameter (one
+    tensor under two names, e.g. the token table and the output head) is listed once, under
+    the first name ``named_parameters`` gives it. Frozen parameters are left out.
+    """
+    embedding_weights = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    names: dict[str, list[str]] = {"decay": [], "no_decay": []}
+    for name, p in model.named_parameters():  # yields a shared tensor once
+        if not p.requires_grad:
+            continue
+        decays = p.dim() >= 2 and id(p) not in embedding_weights
+        names["decay" if decays else "no_decay"].append(name)
+    return names
+
+
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     """Two AdamW groups: weight decay on matrices (Linear weights), none on norms, biases and
-    embeddings. Tied parameters appear once."""
-    decay, no_decay, seen = [], [], set()
-    embedding_weights = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
-    for _, p in model.named_parameters():
-        if not p.requires_grad or id(p) in seen:
-            continue
-        seen.add(id(p))
-        (decay if p.dim() >= 2 and id(p) not in embedding_weights else no_decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay},
-            {"params": no_decay, "weight_decay": 0.0}]
+    embeddings (see :func:`param_group_names`). Tied parameters appear once."""
+    if weight_decay < 0:
+        raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
+    params = dict(model.named_parameters())
+    names = param_group_names(model)
+    return [{"params": [params[n] for n in names["decay"]], "weight_decay": weight_decay},
+            {"params": [params[n] for n in names["no_decay"]], "weight_decay": 0.0}]
 
 
 def make_optimizer(model: nn.Module, lr: float, *, weight_decay: float = 0.1,
@@ -94,12 +115,18 @@ def label_smoothed_loss(logits: Tensor, targets: Tensor, smoothing: float = 0.0,
         raise ValueError(f"smoothing must lie in [0, 1), got {smoothing}")
     if logits.shape[:-1] != targets.shape:
         raise ValueError(f"logits {tuple(logits.shape)} and targets {tuple(targets.shape)} do not match")
+    if targets.dtype.is_floating_point or targets.dtype == torch.bool:
+        raise ValueError(f"targets must be integer class ids, got dtype {targets.dtype}")
     logp = F.log_softmax(logits.float(), dim=-1).flatten(0, -2)  # (N, V)
     flat = targets.flatten()
     keep = flat != ignore_index
     if not keep.any():
         raise ValueError("every target equals ignore_index: there is nothing to learn from")
     logp, flat = logp[keep], flat[keep]
+    V = logp.size(-1)
+    if int(flat.min()) < 0 or int(flat.max()) >= V:
+        raise ValueError(f"targets must lie in [0, {V - 1}] or equal ignore_index={ignore_index}, got values "
+                         f"from {int(flat.min())} to {int(flat.max())}")
     nll = -logp.gather(1, flat[:, None]).squeeze(1)  # (N,)
     uniform = -logp.mean(dim=-1)  # (N,)
     return ((1 - smoothing) * nll + smoothing * uniform).mean()
@@ -111,6 +138,7 @@ def label_smoothed_loss(logits: Tensor, targets: Tensor, smoothing: float = 0.0,
 def autocast_context(precision: str, device: torch.device):
     """Context manager for the forward pass: fp32 (nothing), bf16 (CPU or CUDA), or fp16 (CUDA
     only). Raises ValueError, saying why, where the device cannot do it."""
+    device = torch.device(device)
     if precision == "fp32":
         return contextlib.nullcontext()
     if precision == "bf16":
@@ -131,7 +159,15 @@ def autocast_context(precision: str, device: torch.device):
 
 
 class NonFiniteError(RuntimeError):
-    """Training produced a NaN or infinity; the message says where and what to check."""
+    """Training produced a NaN or infinity. The message says where and what to check; the same
+    facts are attributes: ``step`` (1-based), ``kind`` ("loss" or "gradient") and ``where``
+    (the module whose output, or the parameter whose gradient, first went non-finite; None when
+    no single place could be named)."""
+
+    def __init__(self, message: str, *, step: int | None = None, kind: str | None = None,
+                 where: str | None = None):
+        super().__init__(message)
+        self.step, self.kind, self.where = step, kind, where
 
 
 @dataclass
@@ -154,11 +190,54 @@ class History:
     step: list[int] = field(default_factory=list)
     loss: list[float] = field(default_factory=list)
     lr: list[float] = field(default_factory=list)
-    grad_norm: list[float] = field(default_factory=list)
+    grad_norm: list[float] = field(default_factory=list)  # global norm before clipping
     seconds: list[float] = field(default_factory=list)
     eval_step: list[int] = field(default_factory=list)
     eval_value: list[float] = field(default_factory=list)
     stopped_early: bool = False
+
+    def as_dict(self) -> dict:
+        """Plain lists and a bool (for a checkpoint or JSON)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> History:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown History fields {unknown}; known fields are {sorted(known)}")
+        return cls(**{k: (list(v) if isinstance(v, (list, tuple)) else v) for k, v in values.items()})
+
+
+def default_loss(model: nn.Module, batch) -> Tensor:
+    """model(*batch).loss: the batch holds the model's inputs and targets."""
+    return model(*batch).loss
+
+
+# ---- finding where a NaN or infinity appeared ----------------------------------------------------
+
+_LOSS_CHECKS = ("Check, in this order: the data (a NaN or infinity in the inputs?), the targets (a batch whose "
+                "targets all equal ignore_index gives 0/0 = NaN), masks (a query row with no allowed key), "
+                "the learning rate (too high, or no warmup: look at history.grad_norm before this step), "
+                "and with fp16 an overflow past 65504 (use bf16, or fp16 with the gradient scaler)")
+_GRAD_CHECKS = ("The loss was finite, so the backward pass overflowed. Check the learning rate and warmup "
+                "(history.grad_norm shows whether the norm was growing), gradient clipping (clip_norm), and "
+                "operations whose gradient blows up near a point: division by a norm close to 0, sqrt or log "
+                "near 0, exp of a large number")
+
+
+def _tensors_in(value) -> list[Tensor]:
+    if isinstance(value, Tensor):
+        return [value]
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors_in(v)]
+    return []
+
+
+def _is_finite(value) -> bool:
+    return all(bool(torch.isfinite(t).all()) for t in _tensors_in(value) if t.is_floating_point())
 
 
 def _first_non_finite_grad(model: nn.Module) -> str | None:
@@ -168,9 +247,46 @@ def _first_non_finite_grad(model: nn.Module) -> str | None:
     return None
 
 
-def default_loss(model: nn.Module, batch) -> Tensor:
-    """model(*batch).loss: the batch holds the model's inputs and targets."""
-    return model(*batch).loss
+def _first_non_finite_output(model: nn.Module, compute_loss, batch, precision: str, device) -> str | None:
+    """Run the forward pass again with a hook on every module; return the name of the first
+    module (in the order they finish) whose output holds a NaN or infinity. Hooks are removed
+    and the random state restored before returning."""
+    found: list[str] = []
+
+    def hook(name):
+        def check(module, inputs, output):
+            if not found and not _is_finite(output):
+                found.append(name)
+        return check
+
+    # the model itself is left out when it has parts: its output holds the loss, which tells nothing new
+    modules = [(n, m) for n, m in model.named_modules() if n or not any(True for _ in model.children())]
+    handles = [m.register_forward_hook(hook(name or "(the whole model)")) for name, m in modules]
+    try:
+        gpus = [device] if device.type == "cuda" else []
+        with torch.random.fork_rng(devices=gpus), torch.no_grad(), autocast_context(precision, device):
+            compute_loss(model, batch)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return found[0] if found else None
+
+
+def _diagnose_loss(model, compute_loss, batch, precision, device) -> tuple[str | None, str]:
+    """Where a non-finite loss came from: (module name or None, a sentence saying so)."""
+    bad_param = next((n for n, p in model.named_parameters() if not torch.isfinite(p).all()), None)
+    if bad_param is not None:
+        return bad_param, f"The parameter {bad_param!r} itself already holds a NaN or infinity."
+    if not _is_finite(batch):
+        return None, "The batch itself holds a NaN or infinity: the data is broken, not the model."
+    module = _first_non_finite_output(model, compute_loss, batch, precision, device)
+    if module is not None:
+        return module, f"The first module whose output went non-finite is {module!r}."
+    return None, ("Every module's output was finite, so the loss computation itself made it (all targets "
+                  "ignored? a log of 0?) or the model's own forward code outside its modules.")
+
+
+# ---- the loop itself ------------------------------------------------------------------------------
 
 
 def train(model: nn.Module, get_batch: Callable[[int], tuple], steps: int, *,
@@ -181,87 +297,118 @@ def train(model: nn.Module, get_batch: Callable[[int], tuple], steps: int, *,
           evaluate: Callable[[nn.Module], float] | None = None, eval_every: int | None = None,
           time_budget: float | None = None, history: History | None = None, start_step: int = 0,
           scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
-          progress: bool = True, desc: str = "training") -> History:
-    """Train ``model`` for ``steps`` optimiser steps (or until ``time_budget`` seconds).
+          progress: bool = True, desc: str = "training",
+          scaler: torch.amp.GradScaler | None = None) -> History:
+    """Train ``model`` up to optimiser step ``steps`` (or until ``time_budget`` seconds).
 
     get_batch(i) returns the i-th micro-batch (a tuple on the model's device);
     compute_loss(model, batch) returns the loss (default: ``model(*batch).loss``). Each
     optimiser step averages ``accumulation_steps`` micro-batches, clips the global gradient
     norm to ``clip_norm`` (the norm before clipping is logged), and advances the schedule
     (``schedule`` as a LambdaLR multiplier, or a ready ``scheduler``). A NaN or infinite loss or
-    gradient stops training with :class:`NonFiniteError`. ``evaluate(model)`` runs every
-    ``eval_every`` steps and at the end, in eval mode. Resume with ``history`` and ``start_step``.
+    gradient stops training with :class:`NonFiniteError`, which names the step and the module
+    or parameter. ``evaluate(model)`` runs every ``eval_every`` steps and at the end, in eval
+    mode. Callbacks get a :class:`StepInfo` after every optimiser step.
+
+    Resuming: pass ``start_step`` (steps already done; the run continues to ``steps`` in total)
+    and the earlier ``history``. A ``schedule`` then continues from ``start_step``; a
+    ``scheduler`` must have been restored by the caller (``tutorial_lib.checkpoint``). With
+    fp16 a ``scaler`` (``torch.amp.GradScaler``) may be passed in so that its state can be saved.
     """
     from tqdm.auto import tqdm
 
-    if steps < 0 or accumulation_steps < 1:
-        raise ValueError(f"need steps >= 0 and accumulation_steps >= 1, got {steps}, {accumulation_steps}")
+    if steps < 0 or accumulation_steps < 1 or not 0 <= start_step <= steps:
+        raise ValueError(f"need steps >= 0, accumulation_steps >= 1 and 0 <= start_step <= steps, got "
+                         f"steps={steps}, accumulation_steps={accumulation_steps}, start_step={start_step}")
+    if clip_norm is not None and clip_norm <= 0:
+        raise ValueError(f"clip_norm must be positive or None (no clipping), got {clip_norm}")
     if schedule is not None and scheduler is not None:
         raise ValueError("give a schedule function or a scheduler, not both")
+    if eval_every is not None and eval_every < 1:
+        raise ValueError(f"eval_every must be a positive int or None, got {eval_every}")
     device = next(model.parameters()).device
     autocast_context(precision, device)  # raises now, not mid-run, if the device cannot do it
-    scaler = torch.amp.GradScaler("cuda") if precision == "fp16" else None
+    own = {id(p) for p in model.parameters()}
+    foreign = sum(id(p) not in own for group in optimizer.param_groups for p in group["params"])
+    if foreign:
+        raise ValueError(f"the optimizer holds {foreign} tensor(s) that are not parameters of this model, so "
+                         "training would not change the model: was it built for another copy? (copy a model and "
+                         "its optimizer together: copy.deepcopy((model, optimizer)))")
+    if scaler is not None and precision != "fp16":
+        raise ValueError(f"a gradient scaler belongs to fp16 training; precision is {precision!r}")
+    if precision == "fp16" and scaler is None:
+        scaler = torch.amp.GradScaler("cuda")
     if schedule is not None:
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+        for group in optimizer.param_groups:  # the peak rate the multiplier scales
+            group.setdefault("initial_lr", group["lr"])
+        # last_epoch = start_step - 1: a resumed run continues the schedule where it stopped
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule, last_epoch=start_step - 1)
     history = History() if history is None else history
     callbacks = list(callbacks)
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    max_norm = math.inf if clip_norm is None else clip_norm  # inf: measure the norm, scale by 1
+    time_offset = history.seconds[-1] if history.seconds else 0.0
     model.train()
     start = time.perf_counter()
     bar = tqdm(range(start_step, steps), desc=desc, disable=not progress, leave=False)
-    step = start_step
-    for step in bar:
-        optimizer.zero_grad(set_to_none=True)
-        total = 0.0
-        for micro in range(accumulation_steps):
-            batch = get_batch(step * accumulation_steps + micro)
-            with autocast_context(precision, device):
-                loss = compute_loss(model, batch)
-            if not torch.isfinite(loss):
+    try:
+        for step in bar:
+            optimizer.zero_grad(set_to_none=True)
+            total = 0.0
+            for micro in range(accumulation_steps):
+                batch = get_batch(step * accumulation_steps + micro)
+                with autocast_context(precision, device):
+                    loss = compute_loss(model, batch)
+                if not torch.isfinite(loss):
+                    where, finding = _diagnose_loss(model, compute_loss, batch, precision, device)
+                    raise NonFiniteError(
+                        f"the loss is {loss.item()} at step {step + 1} (micro-batch {micro}). {finding} "
+                        f"{_LOSS_CHECKS}", step=step + 1, kind="loss", where=where)
+                loss_to_backprop = loss / accumulation_steps
+                (scaler.scale(loss_to_backprop) if scaler else loss_to_backprop).backward()
+                total += loss.item() / accumulation_steps
+            if scaler:
+                scaler.unscale_(optimizer)
+            try:
+                # returns the norm before clipping; with error_if_nonfinite it raises before scaling
+                grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm,
+                                                                 error_if_nonfinite=scaler is None))
+            except RuntimeError as err:
+                if "non-finite" not in str(err):
+                    raise
+                bad = _first_non_finite_grad(model)
+                place = (f"the gradient of {bad!r} is the first (in model order) that holds a NaN or infinity"
+                         if bad else "every gradient is finite but their global norm overflowed float32")
+                recent = ", ".join(f"{g:.3g}" for g in history.grad_norm[-5:]) or "none yet"
                 raise NonFiniteError(
-                    f"the loss is {loss.item()} at step {step + 1} (micro-batch {micro}). Check the learning "
-                    "rate (too high?), the inputs (NaN in the data?), masks that leave a row with no key, "
-                    "and, with fp16, overflow (use bf16 or a gradient scaler)")
-            loss_to_backprop = loss / accumulation_steps
-            (scaler.scale(loss_to_backprop) if scaler else loss_to_backprop).backward()
-            total += loss.item() / accumulation_steps
-        if scaler:
-            scaler.unscale_(optimizer)
-        bad = _first_non_finite_grad(model)
-        if bad is not None and scaler is None:
-            raise NonFiniteError(
-                f"the gradient of {bad!r} is not finite at step {step + 1} (the loss was {total:.4g}). "
-                "Check the learning rate, gradient clipping, and operations that can overflow "
-                "(exp, division by a norm close to 0)")
-        params = [p for group in optimizer.param_groups for p in group["params"]]
-        if clip_norm is not None:
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip_norm))
-        else:
-            grad_norm = float(torch.linalg.vector_norm(
-                torch.stack([p.grad.detach().norm() for p in params if p.grad is not None])))
-        lr = optimizer.param_groups[0]["lr"]
-        if scaler:
-            scaler.step(optimizer)  # skips the step when the scaled gradients overflowed
-            scaler.update()
-        else:
-            optimizer.step()
-        if scheduler is not None:
-            scheduler.step()
-        seconds = time.perf_counter() - start
-        history.step.append(step + 1)
-        history.loss.append(total)
-        history.lr.append(lr)
-        history.grad_norm.append(grad_norm)
-        history.seconds.append(seconds)
-        bar.set_postfix(loss=f"{total:.3f}", lr=f"{lr:.2e}")
-        if evaluate is not None and eval_every and (step + 1) % eval_every == 0:
-            _evaluate(model, evaluate, history, step + 1)
-        info = StepInfo(step + 1, total, lr, grad_norm, seconds, model, history)
-        for callback in callbacks:
-            callback(info)
-        if time_budget is not None and seconds >= time_budget:
-            history.stopped_early = step + 1 < steps
-            break
-    bar.close()
+                    f"a gradient is not finite at step {step + 1}: {place}. The loss was {total:.4g}; the "
+                    f"last gradient norms were [{recent}]. {_GRAD_CHECKS}",
+                    step=step + 1, kind="gradient", where=bad) from None
+            lr = optimizer.param_groups[0]["lr"]
+            if scaler:
+                scaler.step(optimizer)  # skips the step when the scaled gradients overflowed
+                scaler.update()
+            else:
+                optimizer.step()
+            if scheduler is not None:
+                scheduler.step()
+            seconds = time_offset + time.perf_counter() - start
+            history.step.append(step + 1)
+            history.loss.append(total)
+            history.lr.append(lr)
+            history.grad_norm.append(grad_norm)
+            history.seconds.append(seconds)
+            bar.set_postfix(loss=f"{total:.3f}", lr=f"{lr:.2e}")
+            if evaluate is not None and eval_every and (step + 1) % eval_every == 0:
+                _evaluate(model, evaluate, history, step + 1)
+            info = StepInfo(step + 1, total, lr, grad_norm, seconds, model, history)
+            for callback in callbacks:
+                callback(info)
+            if time_budget is not None and seconds - time_offset >= time_budget:
+                history.stopped_early = step + 1 < steps
+                break
+    finally:
+        bar.close()
     last = history.step[-1] if history.step else 0
     if evaluate is not None and (not history.eval_step or history.eval_step[-1] != last):
         _evaluate(model, evaluate, history, last)
