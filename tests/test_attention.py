@@ -208,8 +208,25 @@ def test_cross_attention_cache_projects_the_context_once():
     keys = cache.keys
     # the second call must reuse the stored keys: give it a different memory to prove it
     second = mha(x[:, 1:], torch.zeros_like(memory), cache=cache).out
-    assert cache.keys is keys and len(cache) == 5
+    assert cache.keys.data_ptr() == keys.data_ptr() and torch.equal(cache.keys, keys) and len(cache) == 5
     torch.testing.assert_close(torch.cat([first, second], 1), full, atol=ATOL, rtol=0)
+
+
+def test_cache_appends_in_place_and_grows_without_changing_its_contents():
+    cache = LayerKVCache()
+    parts = [torch.randn(2, 3, n, 4) for n in (5, 1, 1, 7, 1, 20)]
+    buffers = set()
+    for i, k in enumerate(parts):
+        keys, values = cache.append(k, -k)
+        expected = torch.cat(parts[: i + 1], dim=-2)  # what appending by concatenation would hold
+        assert torch.equal(keys, expected) and torch.equal(values, -expected)
+        assert len(cache) == expected.size(-2) and cache.nbytes() == 2 * expected.numel() * 4  # filled part only
+        buffers.add(cache.keys.data_ptr())
+    assert len(buffers) < len(parts), "appending one position must not copy the cache every time"
+    cache.select(torch.tensor([1, 1, 0]))  # beam search: keep sequences 1, 1 and 0
+    assert torch.equal(cache.keys, torch.cat(parts, dim=-2)[[1, 1, 0]])
+    with pytest.raises(ValueError, match="do not fit"):
+        cache.append(torch.randn(3, 2, 1, 4), torch.randn(3, 2, 1, 4))
 
 
 def test_kv_cache_counts_positions_and_bytes():

@@ -138,32 +138,63 @@ class LayerKVCache:
 
     Self-attention appends the new step's keys and values; cross-attention stores the
     encoder's keys and values once and reads them at every later step.
+
+    The keys and values live in buffers with room to spare, and ``keys`` / ``values`` are
+    views of the filled part: appending one position writes it in place instead of copying
+    the whole cache (``torch.cat``) at every step. When a buffer is full its room doubles,
+    so a generation of n tokens copies the cache only about log2(n) times.
     """
 
     def __init__(self) -> None:
-        self.keys: Tensor | None = None  # (B, h_kv, S, d_k)
-        self.values: Tensor | None = None
+        self._keys: Tensor | None = None  # (B, h_kv, capacity, d_k)
+        self._values: Tensor | None = None
+        self._length = 0
 
     def __len__(self) -> int:
-        return 0 if self.keys is None else self.keys.size(-2)
+        return self._length
+
+    @property
+    def keys(self) -> Tensor | None:
+        """The cached keys, (B, h_kv, S, d_k); None before the first append."""
+        return None if self._keys is None else self._keys[:, :, : self._length]
+
+    @property
+    def values(self) -> Tensor | None:
+        return None if self._values is None else self._values[:, :, : self._length]
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Add the keys and values of new positions; return all of them so far."""
-        if self.keys is None:
-            self.keys, self.values = k, v
-        else:
-            if k.shape[:2] != self.keys.shape[:2] or k.size(-1) != self.keys.size(-1):
-                raise ValueError(
-                    f"new keys of shape {_shape(k)} do not fit the cached keys {_shape(self.keys)}"
-                )
-            self.keys = torch.cat((self.keys, k), dim=-2)  # (B, h_kv, S + T, d_k)
-            self.values = torch.cat((self.values, v), dim=-2)
-        return self.keys, self.values
+        if self._keys is None:
+            self._keys, self._values, self._length = k, v, k.size(-2)
+            return k, v
+        if k.shape[:2] != self._keys.shape[:2] or k.size(-1) != self._keys.size(-1):
+            raise ValueError(f"new keys of shape {_shape(k)} do not fit the cached keys {_shape(self.keys)}")
+        start, end = self._length, self._length + k.size(-2)
+        if end > self._keys.size(-2):  # full: move to buffers with twice the room
+            capacity = max(end, 2 * self._keys.size(-2))
+            self._keys = self._grow(self._keys, start, capacity)
+            self._values = self._grow(self._values, start, capacity)
+        self._keys[:, :, start:end] = k
+        self._values[:, :, start:end] = v
+        self._length = end
+        return self.keys, self.values  # (B, h_kv, S + T, d_k)
+
+    @staticmethod
+    def _grow(buffer: Tensor, filled: int, capacity: int) -> Tensor:
+        B, h, _, d = buffer.shape
+        grown = buffer.new_empty(B, h, capacity, d)
+        grown[:, :, :filled] = buffer[:, :, :filled]
+        return grown
+
+    def select(self, index: Tensor) -> None:
+        """Keep the sequences ``index`` (N,) of the batch, in that order (beam search)."""
+        self._keys, self._values = self._keys.index_select(0, index), self._values.index_select(0, index)
 
     def nbytes(self) -> int:
-        if self.keys is None:
+        """Bytes of the cached keys and values (the filled part, not the spare room)."""
+        if self._keys is None:
             return 0
-        return self.keys.numel() * self.keys.element_size() * 2
+        return 2 * self._length * self._keys[:, :, :1].numel() * self._keys.element_size()
 
 
 class KVCache:

@@ -106,12 +106,22 @@ class RotaryEmbedding(nn.Module):
         self.base = base
         inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self._table: tuple[Tensor, Tensor] | None = None  # cos and sin for positions 0 .. n-1
 
     def cos_sin(self, T: int, offset: int = 0, *, dtype=torch.float32) -> tuple[Tensor, Tensor]:
-        position = torch.arange(offset, offset + T, device=self.inv_freq.device, dtype=torch.float32)
-        angle = torch.outer(position, self.inv_freq)  # (T, d_k/2)
-        angle = torch.cat((angle, angle), dim=-1)  # (T, d_k): the same angle for i and i + d/2
-        return angle.cos().to(dtype), angle.sin().to(dtype)
+        """cos and sin of the angles at positions offset .. offset + T - 1, each (T, d_k)."""
+        end = offset + T
+        table = self._table
+        if table is None or table[0].size(0) < end or table[0].device != self.inv_freq.device \
+                or table[0].dtype != dtype:
+            # computed once for many positions and sliced afterwards: a decoding step then
+            # costs two slices instead of six small operations per layer
+            size = max(end, 2 * (0 if table is None else table[0].size(0)), 64)
+            position = torch.arange(size, device=self.inv_freq.device, dtype=torch.float32)
+            angle = torch.outer(position, self.inv_freq)  # (size, d_k/2)
+            angle = torch.cat((angle, angle), dim=-1)  # (size, d_k): the same angle for i and i + d/2
+            table = self._table = (angle.cos().to(dtype), angle.sin().to(dtype))
+        return table[0][offset:end], table[1][offset:end]
 
     def forward(self, q: Tensor, k: Tensor, offset: int = 0) -> tuple[Tensor, Tensor]:
         """Rotate q (B, h, T, d_k) and k (B, h_kv, T, d_k) that sit at positions offset.."""

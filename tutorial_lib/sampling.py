@@ -247,8 +247,7 @@ def _reorder_self_attention(cache, index: Tensor) -> None:
     the same example, and all beams of one example share the same encoder output.
     """
     for layer in cache.self_attn.layers:
-        layer.keys = layer.keys.index_select(0, index)
-        layer.values = layer.values.index_select(0, index)
+        layer.select(index)
 
 
 @torch.no_grad()
