@@ -47,3 +47,9 @@ def test_every_notebook_from_01_has_at_least_three_exercises_and_solutions_are_r
     assert "def attention" in solution("01.attention")
     with pytest.raises(ValueError, match="no exercise named"):
         check("99.nothing", lambda: None)
+
+
+def test_a_solution_shows_as_code_in_a_notebook():
+    shown = solution("01.attention")
+    assert repr(shown) == str(shown) and "\\n" not in repr(shown)  # no quoted one-liner
+    assert shown._repr_markdown_().startswith("```python\n")

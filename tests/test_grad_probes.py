@@ -266,6 +266,26 @@ def test_probe_plots_have_titles_labels_and_one_line_per_series():
         plot_gradient_profiles([])
 
 
+def test_log_axis_labels_thin_out_over_a_wide_range():
+    import matplotlib.pyplot as plt
+
+    from tutorial_lib.plotting import _plain_log_labels
+
+    labels = {}
+    for low, high in ((0.9, 11.0), (1.2, 4.7)):
+        fig, ax = plt.subplots()
+        ax.set_yscale("log")
+        ax.set_ylim(low, high)
+        _plain_log_labels(ax.yaxis)
+        fig.canvas.draw()
+        shown = [(value, text.get_text()) for minor in (False, True)
+                 for value, text in zip(ax.get_yticks(minor=minor), ax.get_yticklabels(minor=minor))]
+        labels[low, high] = {text for value, text in shown if low <= value <= high} - {""}
+        plt.close(fig)
+    assert labels[0.9, 11.0] == {"1", "2", "5", "10"}  # not 3, 4, 6, 7, 8, 9: they would crowd
+    assert labels[1.2, 4.7] == {"2", "3", "4"}  # a narrow axis keeps every label it has
+
+
 def test_probes_leave_the_callers_random_state_alone():
     torch.manual_seed(123)
     expected = torch.rand(3)

@@ -246,8 +246,10 @@ def test_exercise_references_of_notebook_02_agree_with_the_library():
     lengths = torch.tensor([4, 2, 1])
     expected = combine(causal_mask(4), padding_mask(lengths, 4))
     assert torch.equal(reference("02.decoder_self_mask")(lengths, 4), expected)
-    for T, S in ((1, 5), (3, 5), (4, 4)):
-        assert torch.equal(reference("02.cached_causal_mask")(T, S), causal_mask(T, S))
+    for T, S in ((1, 5), (3, 5), (4, 4)):   # queries in the last T slots: the library's cached mask
+        assert torch.equal(reference("02.cached_causal_mask")(torch.arange(S - T, S), S), causal_mask(T, S))
+    # queries anywhere in a pre-allocated cache: their rows of the full S x S causal mask
+    assert torch.equal(reference("02.cached_causal_mask")(torch.tensor([3, 4]), 8), causal_mask(8)[3:5])
     q, k, v = qkv(B=2, T=3, S=5)
     mask = cross_mask(bools([[1, 1, 1], [1, 1, 0]]), bools([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]))
     _, weights = scaled_dot_product_attention(q, k, v, mask)

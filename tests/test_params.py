@@ -525,6 +525,17 @@ def test_breakdown_plot_draws_each_group_share_and_the_totals():
         plot_parameter_breakdown({})
 
 
+def test_breakdown_plot_writes_small_totals_in_thousands_or_in_full():
+    from tutorial_lib.plotting import plot_parameter_breakdown
+
+    tiny = dataclasses.replace(C.GPT_TINY, vocab_size=100, d_model=32, n_layers=3, n_heads=4, max_len=64)
+    one_block = ModelConfig(family="decoder", vocab_size=4, d_model=4, n_layers=1, n_heads=1, d_ff=4, max_len=4)
+    breakdowns = {"tiny": expected_parameters(tiny), "one block": expected_parameters(one_block)}
+    assert breakdowns["tiny"]["total"] == 43_424 and breakdowns["one block"]["total"] < 1000
+    ax = plot_parameter_breakdown(breakdowns)
+    assert [t.get_text() for t in ax.texts] == ["43.4 k", f"{breakdowns['one block']['total']}"]
+
+
 def test_growth_plot_stacks_up_to_the_total():
     from tutorial_lib.plotting import plot_parameter_growth
 

@@ -81,3 +81,30 @@ def test_plot_position_bias_leaves_nan_entries_blank_and_scales_by_the_rest():
     drawn = np.ma.filled(image.get_array().astype(float), np.nan)
     assert np.isnan(drawn[0, 1]) and not np.isnan(drawn[1, 0])
     assert image.get_clim() == pytest.approx((float(bias[~bias.isnan()].min()), 0.0))
+
+
+def test_plot_position_bias_draws_masked_entries_in_a_colour_no_bias_value_has():
+    bias = alibi_bias(2, 4).masked_fill(~causal_mask(4), float("nan"))
+    axes = plot_position_bias(bias)
+    image = [ax for ax in np.ravel(axes) if ax.images][0].images[0]
+    def seen_on_white(rgba):                                     # what the eye sees on a white page
+        rgba = np.atleast_2d(rgba)
+        return rgba[:, :3] * rgba[:, 3:] + (1.0 - rgba[:, 3:])
+
+    masked = seen_on_white(image.cmap.get_bad())
+    palette = seen_on_white(image.cmap(np.linspace(0.0, 1.0, 256)))  # every colour a bias value can get
+    assert np.abs(palette - masked).sum(axis=1).min() > 0.3, "a masked entry must not look like a bias"
+
+
+def test_plot_probe_says_so_when_no_output_changed():
+    report = ProbeReport("causal leakage", True, 0.0, None, torch.zeros(4), 1e-5)
+    ax = plot_probe(report)
+    assert [t.get_text() for t in ax.texts] == ["all changes = 0"]
+    failing = ProbeReport("causal leakage", False, 0.3, 1, torch.tensor([0.0, 0.3, 0.0]), 1e-5)
+    assert len(plot_probe(failing).texts) == 0
+
+
+def test_plot_positions_labels_its_colour_bar_as_the_table_value():
+    ax = plot_positions(sinusoidal_table(6, 4))
+    colour_bar_axes = [other for other in ax.figure.axes if other is not ax]
+    assert [other.get_ylabel() for other in colour_bar_axes] == ["value"]

@@ -59,7 +59,8 @@ def describe(device: torch.device) -> str:
         return f"cuda ({torch.cuda.get_device_name(device)}), torch {torch.__version__}"
     if device.type == "mps":
         return f"mps (Apple GPU), torch {torch.__version__}"
-    return f"cpu ({torch.get_num_threads()} threads), torch {torch.__version__}"
+    threads = torch.get_num_threads()
+    return f"cpu ({threads} thread{'s' if threads != 1 else ''}), torch {torch.__version__}"
 
 
 def pick_setting(cpu: dict, gpu: dict, device: torch.device | None = None) -> dict:

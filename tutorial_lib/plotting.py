@@ -62,7 +62,7 @@ def plot_attention(weights, q_tokens: Sequence[str] | None = None,
                 ax.text(j, i, f"{w[i, j]:.2f}", ha="center", va="center", fontsize=8,
                         color="white" if w[i, j] < 0.6 * vmax else "black")
     if colorbar:
-        ax.figure.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+        ax.figure.colorbar(image, ax=ax, fraction=0.046, pad=0.04, label="attention weight")
     return ax
 
 
@@ -177,22 +177,24 @@ def plot_positions(table, *, ax=None, title: str | None = None, colorbar: bool =
     ax.set_ylabel("position")
     ax.set_title(title if title is not None else "position vectors")
     if colorbar:
-        ax.figure.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+        ax.figure.colorbar(image, ax=ax, fraction=0.046, pad=0.04, label="value")
     return ax
 
 
 def plot_position_bias(bias, *, axes=None, ncols: int = 4, title: str | None = None):
     """Per-head additive score biases (h, T, S), e.g. ALiBi: one heatmap per head on one
-    colour scale (0 is light, more negative is darker). NaN entries (e.g. the masked upper
-    triangle of a causal model) are left blank. Returns the axes."""
+    colour scale (0 is yellow, more negative is darker). NaN entries (e.g. the masked upper
+    triangle of a causal model) are drawn in the light grey of a blocked cell of
+    :func:`plot_mask`, so that a bias near 0 never looks like a masked entry. Returns the axes."""
     b = to_numpy(bias)
     if b.ndim != 3:
         raise ValueError(f"expected a bias of shape (heads, T, S), got shape {b.shape}")
     h = b.shape[0]
     axes, flat = _grid_axes(h, axes, ncols=ncols, panel=(2.6, 2.4), title=title)
     low = min(-1e-9, float(np.nanmin(b)))
+    cmap = plt.get_cmap("viridis").with_extremes(bad=_BLOCKED_COLOUR)
     for i in range(h):
-        image = flat[i].imshow(b[i], cmap="Blues_r", vmin=low, vmax=0.0, aspect="equal")
+        image = flat[i].imshow(b[i], cmap=cmap, vmin=low, vmax=0.0, aspect="equal")
         flat[i].set_title(f"head {i}")
         flat[i].set_xlabel("key position")
         flat[i].set_ylabel("query position")
@@ -213,6 +215,8 @@ def plot_probe(report, *, ax=None, title: str | None = None):
     # linear near 0 (an unchanged output has no bar), logarithmic above: changes span many decades
     ax.set_yscale("symlog", linthresh=report.atol / 10)
     ax.set_ylim(0, max(100 * report.atol, 300 * float(per_position.max())))  # room for the legend
+    if not per_position.any():  # nothing to draw: say so rather than leave an empty panel
+        ax.text(0.5, 0.5, "all changes = 0", transform=ax.transAxes, ha="center", va="center")
     ax.set_xticks(positions)
     ax.set_xlabel("output position")
     ax.set_ylabel("largest change of the output")
@@ -256,12 +260,23 @@ _GROUP_COLOURS = {"embeddings": "tab:orange", "attention": "tab:blue", "feed-for
                   "norms": "tab:purple", "head": "tab:red"}
 
 
+def _short_count(n: float) -> str:
+    """A parameter count in a few characters, for a bar label: 512, 43.4 k, 124.4 M, 6.74 B
+    (``tutorial_lib.params.format_count`` writes the full number too)."""
+    if n < 1e3:
+        return f"{n:,.0f}"
+    for size, unit, digits in ((1e9, "B", 2), (1e6, "M", 1), (1e3, "k", 1)):
+        if round(n / size, digits) >= 1:  # 999,960 is "1.0 M", not "1,000.0 k"
+            return f"{n / size:,.{digits}f} {unit}"
+
+
 def plot_parameter_breakdown(breakdowns: dict[str, dict[str, int]], *, ax=None, share: bool = True,
                              title: str | None = None):
     """One horizontal bar per model, split into embeddings, attention, feed-forward, norms and
     head (the groups of ``tutorial_lib.params.grouped``). ``breakdowns``: model name ->
     ``expected_parameters(cfg)`` or ``count_parameters(model)``. ``share=True`` draws percent
-    of each model's total, with the total written at the end of the bar; otherwise millions."""
+    of each model's total, with the total written at the end of the bar (43.4 k, 124.4 M, 6.74 B);
+    otherwise millions."""
     from .params import GROUPS, grouped
 
     if not breakdowns:
@@ -278,7 +293,7 @@ def plot_parameter_breakdown(breakdowns: dict[str, dict[str, int]], *, ax=None, 
         left += values
     if share:
         for i, total in enumerate(totals):
-            ax.text(101, i, f"{total / 1e6:,.1f} M" if total < 1e9 else f"{total / 1e9:,.2f} B", va="center")
+            ax.text(101, i, _short_count(total), va="center")
         ax.set_xlim(0, 118)
     ax.invert_yaxis()  # the first model on top
     ax.set_xlabel("share of the model's parameters (%)" if share else "parameters (millions)")
@@ -313,10 +328,20 @@ _ORDER_COLOURS = {"pre": "tab:blue", "post": "tab:orange"}
 
 
 def _plain_log_labels(axis) -> None:
-    """Tick labels like 0.5 and 2 on a log axis, instead of 5x10^-1 and 2x10^0."""
+    """Tick labels like 0.5 and 2 on a log axis, instead of 5x10^-1 and 2x10^0. When the axis
+    spans more than a factor 8 (most of a decade), only 1, 2 and 5 times a power of ten are
+    labelled, so that the minor labels do not crowd; a narrower axis labels every tick it has."""
     from matplotlib.ticker import FuncFormatter
 
-    plain = FuncFormatter(lambda value, _: f"{value:g}")
+    def label(value: float, _) -> str:
+        low, high = sorted(axis.get_view_interval())
+        if value > 0 and low > 0 and high > 8 * low:
+            leading = round(value / 10 ** np.floor(np.log10(value) + 1e-9), 6)  # 2.0 for 0.2, 20, ...
+            if leading not in (1.0, 2.0, 5.0):
+                return ""
+        return f"{value:g}"
+
+    plain = FuncFormatter(label)
     axis.set_major_formatter(plain)
     axis.set_minor_formatter(plain)
 
@@ -444,8 +469,9 @@ def plot_last_layer_vs_depth(profiles, *, ax=None, title: str | None = None):
 
 def plot_warmup_sweep(sweep, *, ax=None, title: str | None = None):
     """Final training loss against the learning rate (``tutorial_lib.probes.warmup_sweep``): one
-    line per norm order, solid without warmup and dashed with it; runs that blew up (NaN or inf)
-    are crosses at the top; the dotted line is the sweep's failure threshold."""
+    line per norm order, solid with filled circles without warmup, dashed with open squares with
+    it; runs that blew up (NaN or inf) are crosses at the top; the dotted line is the sweep's
+    failure threshold."""
     if not sweep.runs:
         raise ValueError("the sweep holds no runs")
     if ax is None:
@@ -455,10 +481,11 @@ def plot_warmup_sweep(sweep, *, ax=None, title: str | None = None):
     for order, warmup in dict.fromkeys((r.order, r.warmup_steps) for r in sweep.runs):
         runs = sorted((r for r in sweep.runs if (r.order, r.warmup_steps) == (order, warmup)), key=lambda r: r.lr)
         label = f"{order}-LN, " + ("no warmup" if warmup == 0 else f"{warmup} warmup steps")
-        style = "-" if warmup == 0 else "--"
+        style = dict(linestyle="-", marker="o") if warmup == 0 else dict(linestyle="--", marker="s",
+                                                                          markerfacecolor="white")
         colour = _ORDER_COLOURS.get(order)
-        ax.plot([r.lr for r in runs], [top if r.blew_up else r.final_loss for r in runs], style, marker="o",
-                color=colour, label=label)
+        ax.plot([r.lr for r in runs], [top if r.blew_up else r.final_loss for r in runs], color=colour,
+                label=label, **style)
         blown = [r.lr for r in runs if r.blew_up]
         if blown:
             ax.plot(blown, [top] * len(blown), "x", color=colour, ms=10, mew=2)
@@ -467,7 +494,7 @@ def plot_warmup_sweep(sweep, *, ax=None, title: str | None = None):
     ax.set_xlabel("peak learning rate")
     ax.set_ylabel("final training loss")
     ax.set_title(title if title is not None else "Which runs train: norm order × warmup × learning rate")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, handlelength=4)  # long handles, so that solid and dashed can be told apart
     return ax
 
 

@@ -350,7 +350,7 @@ def train(model: nn.Module, get_batch: Callable[[int], tuple], steps: int, *,
     time_offset = history.seconds[-1] if history.seconds else 0.0
     model.train()
     start = time.perf_counter()
-    bar = tqdm(range(start_step, steps), desc=desc, disable=not progress, leave=False)
+    bar = tqdm(range(start_step, steps), desc=desc, disable=not progress, leave=True)
     try:
         for step in bar:
             optimizer.zero_grad(set_to_none=True)

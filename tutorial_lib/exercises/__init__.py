@@ -52,9 +52,19 @@ def task(name: str) -> str:
     return _get(name).task
 
 
+class SourceCode(str):
+    """Source code that a notebook shows as code, not as a quoted string with \\n in it."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+    def _repr_markdown_(self) -> str:
+        return f"```python\n{self}\n```"
+
+
 def solution(name: str) -> str:
-    """The reference solution's source code, for teachers."""
-    return source_of(_get(name).reference)
+    """The reference solution's source code, for teachers (a notebook cell shows it as code)."""
+    return SourceCode(source_of(_get(name).reference))
 
 
 def reference(name: str):

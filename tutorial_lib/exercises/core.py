@@ -70,6 +70,8 @@ def same(a, b, atol: float = 1e-5) -> bool:
         return len(a) == len(b) and all(same(x, y, atol) for x, y in zip(a, b))
     if isinstance(a, dict) and isinstance(b, dict):
         return a.keys() == b.keys() and all(same(a[k], b[k], atol) for k in a)
+    if isinstance(b, int) and not isinstance(b, bool) and isinstance(a, (int, float)) and not isinstance(a, bool):
+        return float(a) == float(b)  # a count or a size in bytes: exactly, not approximately
     if isinstance(a, float) or isinstance(b, float):
         try:
             return abs(float(a) - float(b)) <= atol + 1e-4 * abs(float(b))

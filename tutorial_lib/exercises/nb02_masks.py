@@ -58,34 +58,40 @@ def _decoder_blocked(lengths, T):
     return ~decoder_self_mask(lengths, T)
 
 
-# ---- 02.cached_causal_mask: fix the top-left triangle ------------------------------------------
+# ---- 02.cached_causal_mask: place the queries at their positions -----------------------------
 
-def cached_causal_mask(T, S):
-    """(T, S) boolean causal mask for T new queries after S - T cached keys (queries are the
-    last T of S positions)."""
-    query_position = torch.arange(T)[:, None] + (S - T)
-    return torch.arange(S)[None, :] <= query_position
+def cached_causal_mask(query_positions, S):
+    """(T, S) boolean causal mask for T new queries at the absolute positions ``query_positions``
+    (T,), over a key/value cache with S slots holding positions 0 .. S-1: query i may attend
+    to key j when j <= query_positions[i]. Slots after the newest query are not filled yet."""
+    return torch.arange(S)[None, :] <= query_positions[:, None]   # (1, S) vs (T, 1) -> (T, S)
 
 
 def _cached_cases():
-    return [(1, 5), (3, 5), (4, 4), (2, 7)]
+    # a pre-allocated cache (queries in the middle), a growing one (queries last), no cache
+    return [(torch.tensor([3, 4]), 8), (torch.tensor([4]), 5), (torch.tensor([0, 1, 2]), 3),
+            (torch.tensor([2, 3, 4]), 7), (torch.tensor([5]), 9)]
 
 
-def _top_left(T, S):
-    return torch.tril(torch.ones(T, S, dtype=torch.bool))
+def _top_left(query_positions, S):
+    return torch.tril(torch.ones(len(query_positions), S, dtype=torch.bool))
 
 
-def _cached_blocked(T, S):
-    return ~cached_causal_mask(T, S)
+def _last_T_slots(query_positions, S):
+    T = len(query_positions)
+    return torch.arange(S)[None, :] <= torch.arange(T)[:, None] + (S - T)
 
 
-def _cached_diagonal_blocked(T, S):
-    query_position = torch.arange(T)[:, None] + (S - T)
-    return torch.arange(S)[None, :] < query_position
+def _cached_blocked(query_positions, S):
+    return ~cached_causal_mask(query_positions, S)
 
 
-def _full_square(T, S):
-    return torch.tril(torch.ones(S, S, dtype=torch.bool))
+def _cached_diagonal_blocked(query_positions, S):
+    return torch.arange(S)[None, :] < query_positions[:, None]
+
+
+def _cached_float(query_positions, S):
+    return cached_causal_mask(query_positions, S).float()
 
 
 # ---- 02.masked_softmax: no NaN for a row with nothing to attend to --------------------------------
@@ -195,21 +201,28 @@ EXERCISES = [
     ),
     Exercise(
         name="02.cached_causal_mask",
-        task="cached_causal_mask(T, S): boolean (T, S) causal mask for T new queries that are "
-             "the last T of S positions (S - T keys already cached).",
+        task="cached_causal_mask(query_positions, S): boolean (T, S) mask, True where key position "
+             "j <= query_positions[i], for T new queries at the given absolute positions over a "
+             "cache of S slots (positions 0 .. S-1, slots after the newest query still empty).",
         cases=_cached_cases,
         reference=cached_causal_mask,
         mistakes={
             "triangle aligned top-left": Mistake(
                 _top_left, "torch.tril on a T x S matrix puts query 0 at position 0. With a cache "
-                           "the first new query sits at position S - T: take the last T rows of "
-                           "the S x S triangle."),
+                           "the first new query sits at query_positions[0]: compare each key "
+                           "position j with the query's position, not with its row index."),
+            "queries placed at the last T slots": Mistake(
+                _last_T_slots, "That is right for a cache that grows by one slot per token "
+                               "(causal_mask(T, S)), not for one allocated in advance: its slots "
+                               "after the newest query are empty. Use query_positions."),
             "True = blocked (PyTorch's nn convention)": Mistake(
                 _cached_blocked, "True means *may attend* here; you built the blocked part."),
             "diagonal blocked": Mistake(
                 _cached_diagonal_blocked, "A query may attend to its own position (<=, not <)."),
-            "returned the whole S x S mask": Mistake(
-                _full_square, "Only the T new positions are queries: return its last T rows."),
+            "float mask instead of boolean": Mistake(
+                _cached_float, "Right pattern, wrong dtype: masks in this course are boolean. "
+                               "F.scaled_dot_product_attention *adds* a float attn_mask to the "
+                               "scores, so 0/1 floats would block nothing."),
         },
     ),
     Exercise(

@@ -73,7 +73,7 @@ def _adjacent_pairs(x, base=10000.0):
     return torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
 
 
-def _rotated_backwards(x, base=10000.0):
+def _rotated_clockwise(x, base=10000.0):
     T, d = x.shape[-2:]
     frequency = base ** (-torch.arange(0, d, 2, dtype=torch.float32) / d)
     angle = torch.arange(T, dtype=torch.float32)[:, None] * frequency
@@ -190,8 +190,9 @@ EXERCISES = [
     ),
     Exercise(
         name="03.apply_rope",
-        task="apply_rope(x, base=10000.0): rotate x (..., T, d) at positions 0..T-1, pairing "
-             "dimension i with i + d/2 and turning pair i by the angle p * base^(-2i/d).",
+        task="apply_rope(x, base=10000.0): rotate x (..., T, d) at positions p = 0..T-1, pairing "
+             "dimension i with i + d/2 (i < d/2) and mapping, with a = p * base^(-2i/d), "
+             "(x_i, x_{i+d/2}) -> (x_i cos a - x_{i+d/2} sin a, x_{i+d/2} cos a + x_i sin a).",
         cases=_rope_cases,
         reference=apply_rope,
         mistakes={
@@ -200,9 +201,11 @@ EXERCISES = [
                                  "too, but weights trained with one pairing do not work with "
                                  "the other. Hugging Face's LLaMA (and this course) pairs i "
                                  "with i + d/2."),
-            "rotated the wrong way": Mistake(
-                _rotated_backwards, "A rotation by angle a maps (x1, x2) to "
-                                    "(x1 cos a - x2 sin a, x2 cos a + x1 sin a)."),
+            "rotated clockwise (the other sign convention)": Mistake(
+                _rotated_clockwise, "You turned each pair by -a. That is a rotation too, but the "
+                                    "task (like Hugging Face's LLaMA) turns by +a: (x_i, x_{i+d/2}) "
+                                    "-> (x_i cos a - x_{i+d/2} sin a, x_{i+d/2} cos a + x_i sin a). "
+                                    "Weights trained with one sign give wrong answers with the other."),
             "one frequency for every pair": Mistake(
                 _one_frequency, "Each pair has its own frequency base^(-2i/d): the first pairs "
                                 "turn fast, the last ones slowly."),
@@ -213,8 +216,8 @@ EXERCISES = [
     ),
     Exercise(
         name="03.alibi_slopes",
-        task="alibi_slopes(n_heads): ALiBi's slopes as a float tensor of shape (n_heads,), "
-             "with the published rule for head counts that are not a power of two.",
+        task="alibi_slopes(n_heads): ALiBi's slopes as a float tensor of shape (n_heads,), with "
+             "the rule of the authors' released code for head counts that are not a power of two.",
         cases=_slopes_cases,
         reference=alibi_slopes,
         mistakes={

@@ -313,7 +313,9 @@ EXERCISES = [
         task="mlm_corrupt(ids, select_u, action_u, random_ids, mask_id, special_ids): select positions "
              "not in special_ids with select_u < 0.15; of those, action_u < 0.8 -> mask_id, "
              "0.8 <= action_u < 0.9 -> random_ids, else keep. Return (inputs, labels) with labels = ids at "
-             "selected positions and -100 elsewhere.",
+             "selected positions and -100 elsewhere. ids, random_ids: int tensors (B, T); select_u, action_u: "
+             "float tensors (B, T) in [0, 1); mask_id: an int; special_ids: a 1-D int tensor of ids (for "
+             "torch.isin).",
         cases=_mlm_cases,
         reference=mlm_corrupt,
         mistakes={
