@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-LAB_START ?= notebooks/01_attention.ipynb
+LAB_START ?= notebooks/00_big_picture.ipynb
 
 .PHONY: install lab test unit notebooks bench site lint clean
 

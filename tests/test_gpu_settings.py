@@ -75,3 +75,14 @@ def test_training_notebook_picks_its_setting_by_device(path):
         with mock.patch("torch.cuda.is_available", return_value=False), \
                 mock.patch("torch.backends.mps.is_available", return_value=False):
             assert pick_setting(cpu=cpu, gpu=gpu) == cpu
+
+
+@pytest.mark.parametrize("path", [p for p in TRAINING if p.name.startswith(("00_",) + TRAINING_PREFIXES)],
+                         ids=lambda p: p.name)
+def test_the_main_training_run_uses_bf16_where_the_gpu_has_it(path):
+    """At least one train(...) call takes its precision from default_precision(device): fp32 on a
+    CPU (the committed outputs), bf16 on a GPU that supports it."""
+    uses = [call for call in calls_named(path, "train")
+            for kw in call.keywords if kw.arg == "precision" and isinstance(kw.value, ast.Call)
+            and getattr(kw.value.func, "id", None) == "default_precision"]
+    assert uses, f"{path.name}: no train(..., precision=default_precision(device)) call"

@@ -123,3 +123,13 @@ def test_colab_urls_are_built_from_the_configured_repository():
     assert project.REPOSITORY_URL.removeprefix("https://github.com/") in url
     with pytest.raises(ValueError, match="github.com"):
         project.colab_url("x.ipynb", url="https://example.org/repo")
+
+
+def test_readme_curriculum_lists_every_notebook_with_its_colab_link():
+    text = (ROOT / "README.md").read_text()
+    table = text.split("## Curriculum", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in table.splitlines() if re.match(r"^\| \d\d \|", line)]
+    assert [row.split("|")[1].strip() for row in rows] == [p.name[:2] for p in NOTEBOOKS]
+    for row, path in zip(rows, NOTEBOOKS):
+        assert f"(notebooks/{path.name})" in row, f"the README row {path.name[:2]} does not link {path.name}"
+        assert f"({project.colab_url(path.name)})" in row, f"the README row {path.name[:2]} has no Colab link"
