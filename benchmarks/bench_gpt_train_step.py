@@ -15,12 +15,12 @@ against the next tokens.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
 
 import torch
 import torch.nn.functional as F
+from _machine import load
 
 from tutorial_lib.convert import gpt2_from_hf
 from tutorial_lib.data import CharTokenizer, builtin_corpus, lm_batch
@@ -38,11 +38,6 @@ def build_models(vocab_size: int):
     hf = transformers.GPT2LMHeadModel(hf_cfg)
     ours = gpt2_from_hf(hf)
     return ours.train(), hf.train()
-
-
-def load() -> str:
-    one, five, fifteen = os.getloadavg()
-    return f"load average {one:.2f} / {five:.2f} / {fifteen:.2f} (1 / 5 / 15 min) on {os.cpu_count()} CPUs"
 
 
 def main() -> None:

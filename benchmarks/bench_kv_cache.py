@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import statistics
 import time
 
 import torch
+from _machine import load
 
 from tutorial_lib.config import GPT_TINY, LLAMA_TINY
 from tutorial_lib.data import CharTokenizer, builtin_corpus
@@ -40,11 +40,6 @@ def timed(model, prompt, n: int, use_cache: bool) -> tuple[float, torch.Tensor]:
     start = time.perf_counter()
     out = generate(model, prompt, n, sampler=GREEDY, use_cache=use_cache)
     return time.perf_counter() - start, out
-
-
-def load() -> str:
-    one, five, fifteen = os.getloadavg()
-    return f"load average {one:.2f} / {five:.2f} / {fifteen:.2f} (1 / 5 / 15 min) on {os.cpu_count()} CPUs"
 
 
 def main() -> None:

@@ -28,10 +28,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-import os
 import time
 
 import torch
+from _machine import load
 
 from tutorial_lib.config import GPT_TINY, LLAMA_TINY
 from tutorial_lib.data import CharTokenizer, builtin_corpus, lm_batch, lm_windows, train_val_split
@@ -41,11 +41,6 @@ from tutorial_lib.train import History, make_optimizer, train
 
 class OutOfTime(Exception):
     """Raised by the batch function once the budget is spent: ends train() between steps."""
-
-
-def load() -> str:
-    one, five, fifteen = os.getloadavg()
-    return f"load average {one:.2f} / {five:.2f} / {fifteen:.2f} (1 / 5 / 15 min) on {os.cpu_count()} CPUs"
 
 
 def lr_multiplier(fraction: float, warmup: float, min_ratio: float) -> float:

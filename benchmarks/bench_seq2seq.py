@@ -18,10 +18,10 @@ with the load, the CPU time much less.
 from __future__ import annotations
 
 import argparse
-import os
 import time
 
 import torch
+from _machine import load
 
 from tutorial_lib import dates
 from tutorial_lib.train import inverse_sqrt_schedule, make_optimizer, train, warmup_cosine_schedule
@@ -29,11 +29,6 @@ from tutorial_lib.transformer import EncoderDecoder
 
 TARGET_ACCURACY = 0.99
 TARGET_SECONDS = 90.0
-
-
-def load() -> str:
-    one, five, fifteen = os.getloadavg()
-    return f"load average {one:.2f} / {five:.2f} / {fifteen:.2f} (1 / 5 / 15 min) on {os.cpu_count()} CPUs"
 
 
 def main() -> None:

@@ -13,20 +13,15 @@ are only as good as that load.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
 
 import torch
+from _machine import load
 
 from tutorial_lib.config import ModelConfig
 from tutorial_lib.gpt import DecoderOnlyLM
 from tutorial_lib.train import make_optimizer, train
-
-
-def load() -> str:
-    one, five, fifteen = os.getloadavg()
-    return f"load average {one:.2f} / {five:.2f} / {fifteen:.2f} (1 / 5 / 15 min) on {os.cpu_count()} CPUs"
 
 
 def workloads() -> dict[str, tuple[ModelConfig, int, int]]:
