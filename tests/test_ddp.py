@@ -12,9 +12,14 @@ over 20 steps: 200 times the last place of the loss, and still a thousandth of w
 difference does (one process with only b windows misses the loss by more than 1e-2).
 """
 
+import json
+import subprocess
+from pathlib import Path
+
 import pytest
 import torch
 
+import tutorial_lib.ddp as ddp
 from tutorial_lib.ddp import global_batch, launch, parse_args, run, shard
 
 ARGS = ["--steps", "20", "--d_model", "32", "--n_layers", "2", "--n_heads", "2", "--block", "32",
@@ -55,3 +60,36 @@ def test_two_processes_with_batch_b_follow_one_process_with_batch_2b():
     # the control: half the data per step is a real difference, far outside the tolerance
     assert max(abs(a - b) for a, b in zip(one["loss"], half["loss"])) > 100 * TOLERANCE
     assert one["loss"][-1] < one["loss"][0] - 0.3, "the run should learn something in 20 steps"
+
+
+class FakeRuns:
+    """Stands in for subprocess.run: fails with the given stderr texts, then succeeds."""
+
+    def __init__(self, failures):
+        self.failures, self.calls = list(failures), 0
+
+    def __call__(self, command, **kwargs):
+        self.calls += 1
+        if self.failures:
+            return subprocess.CompletedProcess(command, 1, "", self.failures.pop(0))
+        Path(command[command.index("--out") + 1]).write_text(json.dumps({"world_size": 2}))
+        return subprocess.CompletedProcess(command, 0, "", "")
+
+
+def test_launch_retries_a_failed_rendezvous_but_not_a_failed_run(monkeypatch):
+    network = "torch.distributed.DistNetworkError: Address already in use"
+    fake = FakeRuns([network])
+    monkeypatch.setattr(ddp.subprocess, "run", fake)
+    assert launch(2, ARGS) == {"world_size": 2} and fake.calls == 2
+    fake = FakeRuns(["ValueError: --batch must be positive"])  # a real error: no second try
+    monkeypatch.setattr(ddp.subprocess, "run", fake)
+    with pytest.raises(RuntimeError, match="attempt 1 of 2"):
+        launch(2, ARGS)
+    assert fake.calls == 1
+    fake = FakeRuns([network, network])  # still failing after the last attempt
+    monkeypatch.setattr(ddp.subprocess, "run", fake)
+    with pytest.raises(RuntimeError, match="Address already in use"):
+        launch(2, ARGS)
+    assert fake.calls == 2
+    with pytest.raises(ValueError, match="attempts"):
+        launch(2, ARGS, attempts=0)

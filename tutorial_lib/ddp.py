@@ -148,25 +148,39 @@ def main(argv: list[str] | None = None) -> dict:
     return result
 
 
-def launch(nproc: int, args: list[str], *, timeout: float = 600) -> dict:
+# Failures of the processes' rendezvous or of their connections, not of the training: on a
+# busy machine a port can be taken or a connection refused between two steps of the start-up.
+_TRANSIENT = ("DistNetworkError", "Address already in use", "EADDRINUSE", "Connection refused",
+              "Connection reset by peer", "RendezvousConnectionError", "RendezvousTimeoutError")
+
+
+def launch(nproc: int, args: list[str], *, timeout: float = 600, attempts: int = 2) -> dict:
     """Run this script as ``nproc`` processes (``torchrun --standalone``) or, for 1, plainly;
-    return rank 0's result. Raises RuntimeError with the processes' output if they fail."""
+    return rank 0's result. A start that fails in the rendezvous or in connecting the
+    processes is tried again, up to ``attempts`` times in all; any other failure raises
+    RuntimeError at once, with the processes' output."""
     if nproc < 1:
         raise ValueError(f"nproc must be >= 1, got {nproc}")
-    with tempfile.TemporaryDirectory() as folder:
-        out = Path(folder) / "result.json"
-        launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
-                    if nproc > 1 else [sys.executable])
-        command = launcher + ["-m", "tutorial_lib.ddp", *args, "--out", str(out)]
-        # one thread per process unless told otherwise; setting it also silences torchrun's notice
-        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
-        if done.returncode != 0 or not out.is_file():
+    launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+                if nproc > 1 else [sys.executable])
+    # one thread per process unless told otherwise; setting it also silences torchrun's notice
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    if attempts < 1:
+        raise ValueError(f"attempts must be >= 1, got {attempts}")
+    attempt = 1
+    while True:
+        with tempfile.TemporaryDirectory() as folder:
+            out = Path(folder) / "result.json"
+            command = launcher + ["-m", "tutorial_lib.ddp", *args, "--out", str(out)]
+            done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
+            if done.returncode == 0 and out.is_file():
+                return json.loads(out.read_text())
+        transient = any(sign in done.stderr for sign in _TRANSIENT)
+        if not transient or attempt == attempts:
             # the first traceback in stderr is the cause; torchrun's summary comes after it
-            raise RuntimeError(f"the {nproc}-process run failed (exit code {done.returncode}):\n"
-                               f"{done.stderr[:6000]}\n...\n{done.stderr[-1500:]}")
-        return json.loads(out.read_text())
-
+            raise RuntimeError(f"the {nproc}-process run failed (exit code {done.returncode}, attempt {attempt} "
+                               f"of {attempts}):\n{done.stderr[:6000]}\n...\n{done.stderr[-1500:]}")
+        attempt += 1
 
 if __name__ == "__main__":
     main()
