@@ -66,33 +66,6 @@ def plot_attention(weights, q_tokens: Sequence[str] | None = None,
     return ax
 
 
-def _plot_heads(w: np.ndarray, q_tokens, k_tokens, *, axes, title, annotate, cmap):
-    h = w.shape[0]
-    if axes is None:
-        ncols = min(h, 4)
-        nrows = -(-h // ncols)
-        T, S = w.shape[1:]
-        fig, axes = plt.subplots(nrows, ncols, squeeze=False,
-                                 figsize=(ncols * (1.2 + 0.3 * S), nrows * (1.0 + 0.3 * T)))
-        for extra in axes.flat[h:]:
-            extra.set_visible(False)
-        if title:
-            fig.suptitle(title)
-        fig.set_layout_engine("constrained")
-    flat = np.asarray(axes, dtype=object).reshape(-1)
-    if len(flat) < h:
-        raise ValueError(f"need {h} axes for {h} heads, got {len(flat)}")
-    for i in range(h):
-        plot_attention(w[i], q_tokens, k_tokens, ax=flat[i], title=f"head {i}",
-                       annotate=annotate, cmap=cmap, colorbar=False, vmax=float(w.max()))
-    return axes
-
-
-# ---- masks, positions and probes (notebooks 02 and 03) ----------------------------------------
-
-_ALLOWED_COLOUR, _BLOCKED_COLOUR = "#2f6db3", "#e6e6e6"
-
-
 def _grid_axes(n: int, axes, *, ncols: int, panel: tuple[float, float], title: str | None):
     """n axes: the given ones (checked), or a new figure with a grid of them (extras hidden)."""
     if axes is None:
@@ -109,6 +82,20 @@ def _grid_axes(n: int, axes, *, ncols: int, panel: tuple[float, float], title: s
     if len(flat) < n:
         raise ValueError(f"need {n} axes, got {len(flat)}")
     return axes, flat
+
+
+def _plot_heads(w: np.ndarray, q_tokens, k_tokens, *, axes, title, annotate, cmap):
+    h, T, S = w.shape
+    axes, flat = _grid_axes(h, axes, ncols=4, panel=(1.2 + 0.3 * S, 1.0 + 0.3 * T), title=title)
+    for i in range(h):
+        plot_attention(w[i], q_tokens, k_tokens, ax=flat[i], title=f"head {i}",
+                       annotate=annotate, cmap=cmap, colorbar=False, vmax=float(w.max()))
+    return axes
+
+
+# ---- masks, positions and probes (notebooks 02 and 03) ----------------------------------------
+
+_ALLOWED_COLOUR, _BLOCKED_COLOUR = "#2f6db3", "#e6e6e6"
 
 
 def plot_mask(mask, q_tokens: Sequence[str] | None = None, k_tokens: Sequence[str] | None = None, *,
