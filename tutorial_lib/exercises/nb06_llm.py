@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
 import torch
 
-from ..config import GPT2_SMALL, LLAMA2_7B, LLAMA_TINY
+from ..attention import repeat_kv  # the reference solution
 from ..sampling import top_p_filter  # the reference solution
 from .core import Exercise, Mistake
 
@@ -129,39 +128,26 @@ def _cache_prepended(q, k_new, v_new, past_k=None, past_v=None):
     return scores.masked_fill(~allowed, float("-inf")).softmax(-1) @ values, keys, values
 
 
-# ---- 06.kv_cache_bytes: memory of the cache ---------------------------------------------------
+# ---- 06.repeat_kv: grouped-query attention (the reference is tutorial_lib.attention.repeat_kv) ---
 
-def kv_cache_bytes(cfg, n_tokens, batch_size, bytes_per_value):
-    """Bytes of the KV cache of a decoder-only model holding ``n_tokens`` positions for each of
-    ``batch_size`` sequences: keys and values, every layer, n_kv_heads heads of width d_k."""
-    return 2 * cfg.n_layers * cfg.kv_heads * cfg.d_k * n_tokens * batch_size * bytes_per_value
-
-
-def _bytes_cases():
-    odd_heads = replace(LLAMA_TINY, d_model=96, n_heads=4, n_kv_heads=1, head_dim=32)  # h * d_k != d_model
-    llama2_70b_like = replace(LLAMA2_7B, n_kv_heads=8)
-    return [(GPT2_SMALL, 1024, 1, 2), (LLAMA2_7B, 4096, 1, 2), (llama2_70b_like, 4096, 8, 2),
-            (LLAMA_TINY, 128, 4, 4), (odd_heads, 100, 2, 4)]
+def _repeat_cases():
+    g = _gen(6)
+    # (B, h_kv, S, d_k) key/value heads, each to serve n_rep query heads
+    return [(torch.randn(2, 2, 5, 3, generator=g), 2), (torch.randn(1, 3, 4, 2, generator=g), 4),
+            (torch.randn(2, 4, 3, 2, generator=g), 1), (torch.randn(1, 1, 6, 4, generator=g), 8)]
 
 
-def _bytes_no_two(cfg, n_tokens, batch_size, bytes_per_value):
-    return cfg.n_layers * cfg.kv_heads * cfg.d_k * n_tokens * batch_size * bytes_per_value
+def _repeat_tiled(x, n_rep):
+    return x.repeat(1, n_rep, 1, 1)  # heads 0, 1, 0, 1: query head i reads kv head i % h_kv
 
 
-def _bytes_all_heads(cfg, n_tokens, batch_size, bytes_per_value):
-    return 2 * cfg.n_layers * cfg.n_heads * cfg.d_k * n_tokens * batch_size * bytes_per_value
+def _repeat_positions(x, n_rep):
+    return x.repeat_interleave(n_rep, dim=2)  # the positions repeated, not the heads
 
 
-def _bytes_d_model(cfg, n_tokens, batch_size, bytes_per_value):
-    return 2 * cfg.n_layers * cfg.d_model * n_tokens * batch_size * bytes_per_value
-
-
-def _bytes_one_layer(cfg, n_tokens, batch_size, bytes_per_value):
-    return 2 * cfg.kv_heads * cfg.d_k * n_tokens * batch_size * bytes_per_value
-
-
-def _bytes_bits(cfg, n_tokens, batch_size, bytes_per_value):
-    return 8 * kv_cache_bytes(cfg, n_tokens, batch_size, bytes_per_value)
+def _repeat_grouped_axis(x, n_rep):
+    B, h_kv, S, d = x.shape
+    return x[:, :, None].expand(B, h_kv, n_rep, S, d)  # a group axis, never merged into the heads
 
 
 EXERCISES = [
@@ -218,26 +204,20 @@ EXERCISES = [
         },
     ),
     Exercise(
-        name="06.kv_cache_bytes",
-        task="kv_cache_bytes(cfg, n_tokens, batch_size, bytes_per_value): bytes of a decoder-only model's "
-             "KV cache holding n_tokens positions for each of batch_size sequences.",
-        cases=_bytes_cases,
-        reference=kv_cache_bytes,
+        name="06.repeat_kv",
+        task="repeat_kv(x, n_rep): key/value heads x (B, h_kv, S, d_k) -> (B, h_kv * n_rep, S, d_k) so that "
+             "query head i reads key/value head i // n_rep (each kv head serves n_rep neighbouring query heads).",
+        cases=_repeat_cases,
+        reference=repeat_kv,
         mistakes={
-            "forgot the values (or the keys)": Mistake(
-                _bytes_no_two, "Every layer caches a key *and* a value vector per head and position: "
-                "multiply by 2."),
-            "counted every query head": Mistake(
-                _bytes_all_heads, "Only the key/value heads are cached: with grouped-query attention "
-                "that is cfg.kv_heads (n_kv_heads), fewer than n_heads."),
-            "used d_model as the cached width": Mistake(
-                _bytes_d_model, "The cached width per layer is kv_heads * d_k. It equals d_model only "
-                "without grouped-query attention and when d_k = d_model / n_heads."),
-            "forgot the layers": Mistake(
-                _bytes_one_layer, "Every layer has its own keys and values: multiply by cfg.n_layers."),
-            "counted bits": Mistake(
-                _bytes_bits, "bytes_per_value is already in bytes (2 for fp16/bf16, 4 for fp32); do not "
-                "multiply by 8."),
+            "tiled the heads (torch.repeat)": Mistake(
+                _repeat_tiled, "x.repeat(1, n_rep, 1, 1) gives heads 0, 1, 0, 1: query head i then reads kv "
+                "head i % h_kv. The groups are neighbours, 0, 0, 1, 1: use repeat_interleave on the head axis."),
+            "repeated the positions": Mistake(
+                _repeat_positions, "Dimension 2 holds the positions; the heads are dimension 1."),
+            "kept a separate group axis": Mistake(
+                _repeat_grouped_axis, "Right values, wrong shape: (B, h_kv, n_rep, S, d_k) must become "
+                "(B, h_kv * n_rep, S, d_k), one axis of heads as the queries have."),
         },
     ),
 ]
