@@ -219,12 +219,12 @@ def test_cache_appends_in_place_and_grows_without_changing_its_contents():
     for i, k in enumerate(parts):
         keys, values = cache.append(k, -k)
         expected = torch.cat(parts[: i + 1], dim=-2)  # what appending by concatenation would hold
-        assert torch.equal(keys, expected) and torch.equal(values, -expected)
+        assert torch.equal(keys, expected) and torch.equal(values, -expected), f"contents wrong after append {i}"
         assert len(cache) == expected.size(-2) and cache.nbytes() == 2 * expected.numel() * 4  # filled part only
         buffers.add(cache.keys.data_ptr())
     assert len(buffers) < len(parts), "appending one position must not copy the cache every time"
     cache.select(torch.tensor([1, 1, 0]))  # beam search: keep sequences 1, 1 and 0
-    assert torch.equal(cache.keys, torch.cat(parts, dim=-2)[[1, 1, 0]])
+    assert torch.equal(cache.keys, torch.cat(parts, dim=-2)[[1, 1, 0]]), "select must keep sequences 1, 1, 0"
     with pytest.raises(ValueError, match="do not fit"):
         cache.append(torch.randn(3, 2, 1, 4), torch.randn(3, 2, 1, 4))
 

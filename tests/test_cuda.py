@@ -63,7 +63,7 @@ def test_cached_generation_equals_recomputation_on_the_gpu(flavour):
     prompt = torch.randint(0, 50, (2, 5), device=CUDA)
     cached, cached_logits = generate(model, prompt, 40, use_cache=True, return_logits=True)  # past max_len too
     plain, plain_logits = generate(model, prompt, 40, use_cache=False, return_logits=True)
-    assert torch.equal(cached, plain)
+    assert torch.equal(cached, plain), "cached and recomputed generation chose different tokens on the GPU"
     torch.testing.assert_close(cached_logits, plain_logits, atol=1e-4, rtol=1e-4)
 
 
@@ -84,7 +84,7 @@ def test_mixed_precision_trains_as_well_as_fp32(precision):
     reference, mixed = fit("fp32"), fit(precision)
     start = mixed.loss[0]
     assert start > 3.5, f"an untrained model should be near ln 50 = 3.9, got {start:.2f}"
-    assert all(torch.isfinite(torch.tensor(mixed.loss)))
+    assert all(torch.isfinite(torch.tensor(mixed.loss))), f"{precision} training produced a non-finite loss"
     # the pattern is learnable: both runs end far below the start, and within 0.05 nats of each other
     assert reference.loss[-1] < 0.1 and mixed.loss[-1] < 0.1, (reference.loss[-1], mixed.loss[-1])
     assert abs(sum(mixed.loss[-10:]) / 10 - sum(reference.loss[-10:]) / 10) < 0.05
@@ -92,7 +92,8 @@ def test_mixed_precision_trains_as_well_as_fp32(precision):
 
 def test_bf16_autocast_keeps_the_llama_flavour_finite():
     history = fit("bf16", flavour="llama", steps=60)
-    assert history.loss[-1] < history.loss[0] - 1.0
+    first, last = history.loss[0], history.loss[-1]
+    assert last < first - 1.0, f"bf16 LLaMA did not learn: {first:.2f} -> {last:.2f}"
 
 
 def test_the_gpu_settings_of_the_notebooks_build_on_the_gpu():
@@ -102,4 +103,5 @@ def test_the_gpu_settings_of_the_notebooks_build_on_the_gpu():
     ids = torch.randint(0, 100, (32, 129), device=CUDA)
     loss = model(ids[:, :-1], ids[:, 1:]).loss
     loss.backward()
-    assert torch.isfinite(loss) and all(torch.isfinite(p.grad).all() for p in model.parameters())
+    finite = torch.isfinite(loss) and all(torch.isfinite(p.grad).all() for p in model.parameters())
+    assert finite, "non-finite loss or gradient"
