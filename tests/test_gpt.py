@@ -114,10 +114,26 @@ def test_model_refuses_contexts_longer_than_max_len_and_bad_ids():
         model(torch.zeros(1, 25, dtype=torch.long))
     with pytest.raises(ValueError, match="integer tensor of shape"):
         model(torch.zeros(1, 5))
-    with pytest.raises(ValueError, match=r"must lie in \[0, 49\]"):
+    with pytest.raises(ValueError, match=r"must lie in \[0, 49\], got values from 50 to 50"):
         model(torch.full((1, 5), 50))
+    with pytest.raises(ValueError, match=r"got values from -1 to 7"):
+        model(torch.tensor([[3, -1, 7]]))
     with pytest.raises(ValueError, match="family='decoder'"):
         DecoderOnlyLM(ModelConfig(family="encoder"))
+
+
+@pytest.mark.parametrize("name", ["gpt", "llama"])
+def test_generated_ids_and_a_model_run_under_inference_mode_can_still_be_trained(name):
+    """generate() runs under torch.inference_mode; what it returns and what the model keeps
+    (RoPE's cos/sin table) must still work in a later backward pass."""
+    model = build(name)
+    with torch.inference_mode():
+        model(torch.randint(0, 50, (1, 20)))  # the first call builds the rotary table
+    out, logits = generate(model, torch.randint(0, 50, (2, 4)), 8, return_logits=True)
+    assert not out.is_inference() and not logits.is_inference(), "generate must return ordinary tensors"
+    model.train()
+    model(out[:, :-1], out[:, 1:]).loss.backward()  # raises if an inference tensor is saved for backward
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
 
 
 def test_tied_gpt_and_untied_llama_heads():

@@ -41,17 +41,18 @@ def check_attention_inputs(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None 
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 4:
             raise ValueError(f"{name} must have 4 dimensions (B, heads, length, d_k), got shape {_shape(t)}")
-    if not (q.size(0) == k.size(0) == v.size(0)):
-        raise ValueError(f"batch sizes differ: q {q.size(0)}, k {k.size(0)}, v {v.size(0)}")
-    if q.size(-1) != k.size(-1):
-        raise ValueError(f"q and k must have the same d_k, got {q.size(-1)} and {k.size(-1)}")
-    if k.size(1) != v.size(1) or k.size(2) != v.size(2):
+    (B, h, T, d_q), (B_k, h_k, S, d_k), (B_v, h_v, S_v, _) = q.shape, k.shape, v.shape
+    if not (B == B_k == B_v):
+        raise ValueError(f"batch sizes differ: q {B}, k {B_k}, v {B_v}")
+    if d_q != d_k:
+        raise ValueError(f"q and k must have the same d_k, got {d_q} and {d_k}")
+    if h_k != h_v or S != S_v:
         raise ValueError(f"k and v must have the same heads and length, got {_shape(k)} and {_shape(v)}")
-    if q.size(1) % k.size(1):
-        raise ValueError(
-            f"the number of query heads ({q.size(1)}) must be a multiple of the key/value heads ({k.size(1)})"
-        )
-    target = (q.size(0), q.size(1), q.size(2), k.size(2))  # (B, h, T, S)
+    if h % h_k:
+        raise ValueError(f"the number of query heads ({h}) must be a multiple of the key/value heads ({h_k})")
+    if mask is None and bias is None:
+        return
+    target = (B, h, T, S)
     for name, m in (("mask", mask), ("bias", bias)):
         if m is None:
             continue
@@ -174,10 +175,10 @@ class LayerKVCache:
             capacity = max(end, 2 * self._keys.size(-2))
             self._keys = self._grow(self._keys, start, capacity)
             self._values = self._grow(self._values, start, capacity)
-        self._keys[:, :, start:end] = k
-        self._values[:, :, start:end] = v
+        self._keys.narrow(2, start, end - start).copy_(k)  # in place: buffer[:, :, start:end] = k
+        self._values.narrow(2, start, end - start).copy_(v)
         self._length = end
-        return self.keys, self.values  # (B, h_kv, S + T, d_k)
+        return self._keys.narrow(2, 0, end), self._values.narrow(2, 0, end)  # (B, h_kv, S + T, d_k)
 
     @staticmethod
     def _grow(buffer: Tensor, filled: int, capacity: int) -> Tensor:

@@ -70,8 +70,9 @@ class LearnedPositions(nn.Module):
                 f"a learned position table of length {self.max_len} has no vector for positions "
                 f"{self.max_len}..{offset + T - 1} (asked for {T} positions from offset {offset})"
             )
-        index = torch.arange(offset, offset + T, device=self.embedding.weight.device)
-        return self.embedding(index)  # (T, d)
+        # rows offset .. offset + T - 1 of the table: the same vectors (and gradients) as
+        # looking them up with an index tensor, without building one at every decoding step
+        return self.embedding.weight[offset : offset + T]  # (T, d)
 
 
 def rotate_half(x: Tensor) -> Tensor:
@@ -117,10 +118,13 @@ class RotaryEmbedding(nn.Module):
             # computed once for many positions and sliced afterwards: a decoding step then
             # costs two slices instead of six small operations per layer
             size = max(end, 2 * (0 if table is None else table[0].size(0)), 64)
-            position = torch.arange(size, device=self.inv_freq.device, dtype=torch.float32)
-            angle = torch.outer(position, self.inv_freq)  # (size, d_k/2)
-            angle = torch.cat((angle, angle), dim=-1)  # (size, d_k): the same angle for i and i + d/2
-            table = self._table = (angle.cos().to(dtype), angle.sin().to(dtype))
+            # built as ordinary tensors even under torch.inference_mode(): the table outlives
+            # the call, and an inference tensor could not be saved for a later backward pass
+            with torch.inference_mode(False):
+                position = torch.arange(size, device=self.inv_freq.device, dtype=torch.float32)
+                angle = torch.outer(position, self.inv_freq)  # (size, d_k/2)
+                angle = torch.cat((angle, angle), dim=-1)  # (size, d_k): the same angle for i and i + d/2
+                table = self._table = (angle.cos().to(dtype), angle.sin().to(dtype))
         return table[0][offset:end], table[1][offset:end]
 
     def forward(self, q: Tensor, k: Tensor, offset: int = 0) -> tuple[Tensor, Tensor]:

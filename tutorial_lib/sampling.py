@@ -91,7 +91,6 @@ class Sampler:
 GREEDY = Sampler(greedy=True)
 
 
-@torch.no_grad()
 def generate(model: nn.Module, ids: Tensor, max_new_tokens: int, *, sampler: Sampler = GREEDY,
              use_cache: bool = True, generator: torch.Generator | None = None,
              return_logits: bool = False):
@@ -109,30 +108,43 @@ def generate(model: nn.Module, ids: Tensor, max_new_tokens: int, *, sampler: Sam
         raise ValueError(f"ids must have shape (B, T), got {tuple(ids.shape)}")
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-    max_len = model.cfg.max_len
     was_training = model.training
     model.eval()
-    step_logits = []
-    cache = None
     try:
-        for _ in range(max_new_tokens):
-            if not use_cache:
-                logits = model(ids[:, -max_len:]).logits[:, -1]  # (B, V)
-            else:
-                if cache is None or len(cache) + 1 > max_len:
-                    cache = model.new_cache()
-                    context = ids[:, -max_len:]  # prefill (again, once the window is full)
-                else:
-                    context = ids[:, -1:]  # only the newest token
-                logits = model(context, cache=cache).logits[:, -1]
-            step_logits.append(logits)
-            next_id = sampler(logits, generator)  # (B,)
-            ids = torch.cat([ids, next_id[:, None]], dim=1)
+        # inference_mode: no_grad that also skips autograd's bookkeeping of views and
+        # in-place writes (a cached step of a small model is mostly such fixed costs)
+        with torch.inference_mode():
+            ids, step_logits = _extend(model, ids, max_new_tokens, sampler, use_cache, generator)
     finally:
         model.train(was_training)
+    # Tensors made under inference_mode cannot be saved for a backward pass; hand back
+    # ordinary copies, so that generated text can be used as training data.
+    ids = ids.clone()
     if return_logits:
-        return ids, torch.stack(step_logits, dim=1) if step_logits else None
+        return ids, torch.stack(step_logits, dim=1).clone() if step_logits else None
     return ids
+
+
+def _extend(model: nn.Module, ids: Tensor, max_new_tokens: int, sampler: Sampler, use_cache: bool,
+            generator: torch.Generator | None) -> tuple[Tensor, list[Tensor]]:
+    """The decoding loop of :func:`generate`: (B, T) ids -> (B, T + N) ids, N logits (B, V)."""
+    max_len = model.cfg.max_len
+    step_logits = []
+    cache = None
+    for _ in range(max_new_tokens):
+        if not use_cache:
+            logits = model(ids[:, -max_len:]).logits[:, -1]  # (B, V)
+        else:
+            if cache is None or len(cache) + 1 > max_len:
+                cache = model.new_cache()
+                context = ids[:, -max_len:]  # prefill (again, once the window is full)
+            else:
+                context = ids[:, -1:]  # only the newest token
+            logits = model(context, cache=cache).logits[:, -1]
+        step_logits.append(logits)
+        next_id = sampler(logits, generator)  # (B,)
+        ids = torch.cat([ids, next_id[:, None]], dim=1)
+    return ids, step_logits
 
 
 # ---- seq2seq decoding: greedy and beam search for an encoder-decoder (notebook 05) -----------
