@@ -118,10 +118,11 @@ def generate(model: nn.Module, ids: Tensor, max_new_tokens: int, *, sampler: Sam
     finally:
         model.train(was_training)
     # Tensors made under inference_mode cannot be saved for a backward pass; hand back
-    # ordinary copies, so that generated text can be used as training data.
+    # ordinary ones (a copy; stack outside inference_mode makes one), so that generated
+    # text can be used as training data.
     ids = ids.clone()
     if return_logits:
-        return ids, torch.stack(step_logits, dim=1).clone() if step_logits else None
+        return ids, torch.stack(step_logits, dim=1) if step_logits else None
     return ids
 
 
