@@ -12,7 +12,7 @@ in alternating rounds and the fastest round of each is reported (on a shared mac
 slower rounds measure the neighbours).
 
 At batch 1 a cached step of these tiny models is about 20 matrix-vector products and a few
-dozen small operations, well under a millisecond: what it costs is mostly fixed per-call
+hundred small operations, about a millisecond: what it costs is mostly fixed per-call
 overhead (Python, module calls, PyTorch's dispatch), not arithmetic, and the speed-up sits
 near the target for GPT and below it for LLaMA, whose step has more small operations (RoPE,
 RMSNorm, a third FFN matrix). At batch 8 the recomputation's arithmetic grows eightfold

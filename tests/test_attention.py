@@ -227,6 +227,8 @@ def test_cache_appends_in_place_and_grows_without_changing_its_contents():
     assert torch.equal(cache.keys, torch.cat(parts, dim=-2)[[1, 1, 0]]), "select must keep sequences 1, 1, 0"
     with pytest.raises(ValueError, match="do not fit"):
         cache.append(torch.randn(3, 2, 1, 4), torch.randn(3, 2, 1, 4))
+    with pytest.raises(ValueError, match="differ from the new keys"):  # would broadcast into the buffer
+        cache.append(torch.randn(3, 3, 1, 4), torch.randn(1, 3, 1, 4))
 
 
 def test_kv_cache_counts_positions_and_bytes():

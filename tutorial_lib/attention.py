@@ -165,6 +165,9 @@ class LayerKVCache:
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Add the keys and values of new positions; return all of them so far."""
+        if v.shape != k.shape:
+            raise ValueError(f"new values of shape {_shape(v)} differ from the new keys {_shape(k)}; both are "
+                             "(B, h_kv, T, d_k)")
         if self._keys is None:
             self._keys, self._values, self._length = k, v, k.size(-2)
             return k, v

@@ -54,8 +54,9 @@ _ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
 
 def maybe_dropout(dropout: nn.Dropout, x: Tensor) -> Tensor:
     """``dropout(x)``, without calling it when it would return x unchanged (eval mode or p=0).
-    The result is the same; a cached decoding step of a small model is dominated by fixed
-    per-call costs, and this saves one call per sublayer."""
+    The result is the same (forward hooks on the skipped module do not run); a cached decoding
+    step of a small model is dominated by fixed per-call costs, and this saves three calls per
+    block and one in the embeddings."""
     return dropout(x) if dropout.training and dropout.p > 0 else x
 
 

@@ -101,8 +101,10 @@ def generate(model: nn.Module, ids: Tensor, max_new_tokens: int, *, sampler: Sam
     values of earlier positions from the cache. When the context reaches ``max_len``, both
     crop it to the last ``max_len`` tokens, and the cached path refills its cache from that
     window, so both always compute the same thing. The model is put in eval mode for the call
-    and restored afterwards. Returns the extended ids (and the logits of every step, (B, N, V),
-    with ``return_logits=True``).
+    and restored afterwards, and it runs under ``torch.inference_mode()`` (no autograd). Returns
+    the extended ids (and the logits of every step, (B, N, V), with ``return_logits=True``) as
+    ordinary tensors, usable in a later backward pass (unless the caller is itself inside
+    ``inference_mode``).
     """
     if ids.dim() != 2:
         raise ValueError(f"ids must have shape (B, T), got {tuple(ids.shape)}")
