@@ -181,7 +181,7 @@ class LayerKVCache:
         self._keys.narrow(2, start, end - start).copy_(k)  # in place: buffer[:, :, start:end] = k
         self._values.narrow(2, start, end - start).copy_(v)
         self._length = end
-        return self._keys.narrow(2, 0, end), self._values.narrow(2, 0, end)  # (B, h_kv, S + T, d_k)
+        return self.keys, self.values  # (B, h_kv, S + T, d_k)
 
     @staticmethod
     def _grow(buffer: Tensor, filled: int, capacity: int) -> Tensor:
