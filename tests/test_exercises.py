@@ -53,3 +53,26 @@ def test_a_solution_shows_as_code_in_a_notebook():
     shown = solution("01.attention")
     assert repr(shown) == str(shown) and "\\n" not in repr(shown)  # no quoted one-liner
     assert shown._repr_markdown_().startswith("```python\n")
+
+
+def test_an_attempt_that_calls_a_forbidden_name_is_wrong_and_the_name_is_given():
+    from tutorial_lib.exercises.core import Exercise, grade
+
+    exercise = Exercise("00.double", "double x", lambda: [(1,), (2,)], lambda x: 2 * x,
+                        forbidden=("double_it",))
+
+    def double_it(x):
+        return x + x
+
+    def delegates(x):
+        return double_it(x)  # the forbidden helper
+
+    def writes_it(x):
+        # a comment that mentions double_it does not count
+        return x * 2
+
+    result = grade(exercise, delegates)
+    assert result.status == WRONG and "double_it" in result.message, str(result)
+    assert grade(exercise, writes_it).status == PASSED
+    assert grade(exercise, lambda x: x * 2).status == PASSED  # a lambda's source is read too
+    assert grade(exercise, double_it).status == PASSED  # a function may bear the name of what it rebuilds

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import copy
 import inspect
+import io
+import tokenize
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -35,6 +37,10 @@ class Exercise:
     reference: Callable
     mistakes: dict[str, Mistake] = field(default_factory=dict)
     atol: float = 1e-5
+    # Names whose use hands in the answer instead of writing it (the library function the
+    # exercise rebuilds, a built-in that does the whole job). An attempt whose source uses one
+    # is graded "wrong" with a message that names it; the reference itself may use them.
+    forbidden: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -102,9 +108,29 @@ def _run(fn: Callable, args: tuple):
     return fn(*copy.deepcopy(args))
 
 
+def names_used(fn: Callable) -> set[str]:
+    """The identifiers in ``fn``'s source (not in its comments or strings); empty when the
+    source cannot be read (a built-in, a function typed into a bare interpreter)."""
+    try:
+        source = inspect.getsource(fn)
+    except (OSError, TypeError):
+        return set()
+    try:
+        tokens = tokenize.generate_tokens(io.StringIO(source).readline)
+        return {tok.string for tok in tokens if tok.type == tokenize.NAME}
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        return set()
+
+
 def grade(exercise: Exercise, fn: Callable) -> Result:
     """Run ``fn`` on the exercise's cases and say what is right or wrong."""
     name = exercise.name
+    if exercise.forbidden and fn is not exercise.reference:
+        # the learner's own function may share the name of the function it rebuilds
+        used = sorted(set(exercise.forbidden) & (names_used(fn) - {getattr(fn, "__name__", "")}))
+        if used:
+            return Result(name, WRONG, f"your function uses {', '.join(used)}, which computes the answer for "
+                                       "you; write it with basic tensor operations instead")
     cases = exercise.cases()
     expected = [_run(exercise.reference, args) for args in cases]
     got = []
