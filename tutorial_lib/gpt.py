@@ -58,7 +58,7 @@ class DecoderOnlyLM(nn.Module):
             raise ValueError(f"a context of {offset + T} tokens is longer than the model supports "
                              f"(max_len={self.cfg.max_len}); crop the input to the last {self.cfg.max_len}")
         x = self.embed(ids, offset)  # (B, T, d); checks ids
-        bias = position_bias(self.cfg, T, offset + T, x.device)  # (h, T, S) for ALiBi
+        bias = position_bias(self.cfg, T, offset + T, x.device)  # (1, h, T, S) for ALiBi
         weights = []
         for i, block in enumerate(self.blocks):
             x, w = block(x, mask, is_causal=mask is None, bias=bias,

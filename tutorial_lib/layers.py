@@ -133,10 +133,11 @@ def make_rotary(cfg: ModelConfig) -> RotaryEmbedding | None:
 
 
 def position_bias(cfg: ModelConfig, T: int, S: int, device=None) -> Tensor | None:
-    """ALiBi's additive score bias (h, T, S) when the config uses it, else None."""
+    """ALiBi's additive score bias (1, h, T, S) when the config uses it, else None (the batch
+    axis in front: attention refuses a 3-D bias, whose first axis would be ambiguous)."""
     if cfg.positions != "alibi":
         return None
-    return alibi_bias(cfg.n_heads, T, S).to(device)
+    return alibi_bias(cfg.n_heads, T, S).to(device)[None]  # (1, h, T, S)
 
 
 def stack_weights(weights: list) -> Tensor | None:
