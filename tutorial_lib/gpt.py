@@ -14,7 +14,16 @@ from torch import Tensor, nn
 
 from .attention import KVCache
 from .config import ModelConfig
-from .layers import Embeddings, TransformerBlock, init_weights, make_norm, make_rotary, position_bias, stack_weights
+from .layers import (
+    Embeddings,
+    TransformerBlock,
+    init_weights,
+    make_norm,
+    make_relative_bias,
+    make_rotary,
+    position_bias,
+    stack_weights,
+)
 
 
 class LMOutput(NamedTuple):
@@ -33,6 +42,7 @@ class DecoderOnlyLM(nn.Module):
         self.cfg = cfg
         self.embed = Embeddings(cfg)
         self.rotary = make_rotary(cfg)
+        self.relative_bias = make_relative_bias(cfg, bidirectional=False)  # T5's bias, causal buckets
         self.blocks = nn.ModuleList(TransformerBlock(cfg, self.rotary) for _ in range(cfg.n_layers))
         self.final_norm = make_norm(cfg) if cfg.has_final_norm else nn.Identity()
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
@@ -58,7 +68,7 @@ class DecoderOnlyLM(nn.Module):
             raise ValueError(f"a context of {offset + T} tokens is longer than the model supports "
                              f"(max_len={self.cfg.max_len}); crop the input to the last {self.cfg.max_len}")
         x = self.embed(ids, offset)  # (B, T, d); checks ids
-        bias = position_bias(self.cfg, T, offset + T, x.device)  # (h, T, S) for ALiBi
+        bias = position_bias(self.cfg, T, offset + T, x.device, self.relative_bias)  # (1, h, T, S): ALiBi, T5
         weights = []
         for i, block in enumerate(self.blocks):
             x, w = block(x, mask, is_causal=mask is None, bias=bias,
