@@ -54,7 +54,7 @@ class Encoder(nn.Module):
         bias = position_bias(self.cfg, x.size(1), x.size(1), x.device)
         weights = []
         for layer in self.layers:
-            x, w = layer(x, mask, bias=bias, need_weights=need_weights)
+            x, w, _ = layer(x, mask, bias=bias, need_weights=need_weights)  # no routing: encoders are dense
             weights.append(w)
         return StackOutput(self.final_norm(x), stack_weights(weights))
 
