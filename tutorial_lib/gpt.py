@@ -17,7 +17,16 @@ from torch import Tensor, nn
 
 from .attention import KVCache
 from .config import ModelConfig
-from .layers import Embeddings, TransformerBlock, init_weights, make_norm, make_rotary, position_bias, stack_weights
+from .layers import (
+    Embeddings,
+    TransformerBlock,
+    init_weights,
+    make_norm,
+    make_relative_bias,
+    make_rotary,
+    position_bias,
+    stack_weights,
+)
 from .moe import MoEFeedForward, load_balancing_loss
 
 
@@ -38,6 +47,7 @@ class DecoderOnlyLM(nn.Module):
         self.cfg = cfg
         self.embed = Embeddings(cfg)
         self.rotary = make_rotary(cfg)
+        self.relative_bias = make_relative_bias(cfg, bidirectional=False)  # T5's bias, causal buckets
         moe = set(cfg.moe_layers)  # empty for a dense model
         self.blocks = nn.ModuleList(
             TransformerBlock(cfg, self.rotary, ffn=MoEFeedForward(cfg) if i in moe else None)
@@ -71,7 +81,7 @@ class DecoderOnlyLM(nn.Module):
             raise ValueError(f"a context of {offset + T} tokens is longer than the model supports "
                              f"(max_len={self.cfg.max_len}); crop the input to the last {self.cfg.max_len}")
         x = self.embed(ids, offset)  # (B, T, d); checks ids
-        bias = position_bias(self.cfg, T, offset + T, x.device)  # (h, T, S) for ALiBi
+        bias = position_bias(self.cfg, T, offset + T, x.device, self.relative_bias)  # (1, h, T, S): ALiBi, T5
         weights, balance = [], []
         for i, block in enumerate(self.blocks):
             x, w, routing = block(x, mask, is_causal=mask is None, bias=bias,

@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from .attention import LayerKVCache, MultiHeadAttention
 from .config import GATED_FFNS, ModelConfig
-from .positions import LearnedPositions, RotaryEmbedding, SinusoidalPositions, alibi_bias
+from .positions import LearnedPositions, RelativePositionBias, RotaryEmbedding, SinusoidalPositions, alibi_bias
 
 
 class RMSNorm(nn.Module):
@@ -110,15 +110,12 @@ class Residual(nn.Module):
 
 def refuse_unbuilt_parts(cfg: ModelConfig, what: str) -> None:
     """Raise ValueError when ``cfg`` asks for a part that ``what`` would need but this package
-    does not build: T5's relative-position bias (layers), BERT's token-type table and
-    embedding norm (embeddings), BERT's pooler (encoder). ModelConfig describes them so that
-    tutorial_lib.params can count published models; a model built without them would
-    silently be a different one."""
+    does not build: Qwen3's query/key norm and DeepSeek's latent attention (layers), BERT's
+    token-type table and embedding norm (embeddings), BERT's pooler (encoder). ModelConfig describes them so that tutorial_lib.params can count published
+    models; a model built without them would silently be a different one."""
     missing = []
     if what == "encoder" and cfg.pooler:
         missing.append("pooler=True (BERT's dense + tanh layer over the first position)")
-    if what == "layers" and cfg.positions == "relative":
-        missing.append("positions='relative' (T5's relative-position bias)")
     if what == "layers" and cfg.qk_norm:
         missing.append("qk_norm=True (Qwen3's norm on each head's queries and keys)")
     if what == "layers" and cfg.latent_attention:
@@ -136,11 +133,29 @@ def make_rotary(cfg: ModelConfig) -> RotaryEmbedding | None:
     return RotaryEmbedding(cfg.d_k, cfg.rope_base) if cfg.positions == "rope" else None
 
 
-def position_bias(cfg: ModelConfig, T: int, S: int, device=None) -> Tensor | None:
-    """ALiBi's additive score bias (h, T, S) when the config uses it, else None."""
+def make_relative_bias(cfg: ModelConfig, *, bidirectional: bool) -> RelativePositionBias | None:
+    """T5's learned relative-position table for one self-attention stack, shared by its layers,
+    when the config uses it (``positions="relative"``), else None. ``bidirectional``: True for
+    an encoder, False for a causal decoder."""
+    if cfg.positions != "relative":
+        return None
+    return RelativePositionBias(cfg.n_heads, cfg.relative_buckets, cfg.relative_max_distance,
+                                bidirectional=bidirectional)
+
+
+def position_bias(cfg: ModelConfig, T: int, S: int, device=None,
+                  relative: RelativePositionBias | None = None) -> Tensor | None:
+    """The additive score bias (1, h, T, S) of the config's positions, for T queries at the last
+    T of S positions: ALiBi's fixed one, T5's learned one (``relative``, the stack's table from
+    :func:`make_relative_bias`), else None. The batch axis is in front because attention refuses
+    a 3-D bias, whose first axis would be ambiguous."""
+    if cfg.positions == "relative":
+        if relative is None:
+            raise ValueError("positions='relative' needs the stack's table (make_relative_bias)")
+        return relative(T, S)[None]  # (1, h, T, S)
     if cfg.positions != "alibi":
         return None
-    return alibi_bias(cfg.n_heads, T, S).to(device)
+    return alibi_bias(cfg.n_heads, T, S).to(device)[None]  # (1, h, T, S)
 
 
 def stack_weights(weights: list) -> Tensor | None:
