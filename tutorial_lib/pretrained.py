@@ -53,8 +53,8 @@ from .positions import RotaryEmbedding
 
 HUB_HOST = "huggingface.co"
 # What load_pretrained fetches of a Hub repository: nothing else (no other weight formats).
-HUB_FILES = ["config.json", "*.safetensors", "model.safetensors.index.json", "tokenizer.json", "vocab.json",
-             "merges.txt"]
+HUB_FILES = ["config.json", "model.safetensors", "model-*.safetensors", "model.safetensors.index.json",
+             "tokenizer.json", "vocab.json", "merges.txt"]
 _DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
            "fp16": torch.float16, "float16": torch.float16}
 
