@@ -26,7 +26,6 @@ of each; :func:`full_weights` puts them back. The function the model computes do
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections import Counter
 
@@ -472,12 +471,19 @@ def in_flight(log: list[tuple[str, int, float, float]]) -> int:
     return most
 
 
-def measured_bubble(ranks: list[dict]) -> float:
-    """The share of a pipeline step the stages spent not computing: 1 - (time the S stages
-    computed) / (S x the time from the step's common start, a barrier, to the end of the
-    slowest stage's schedule); the median over the steps after the first (which also sends
-    the shapes of the activations, once)."""
-    steps = [[r["pipeline"]["steps"][i] for r in ranks] for i in range(len(ranks[0]["pipeline"]["steps"]))]
-    bubbles = [1 - sum(s["busy"] for s in step) / (len(step) * max(s["seconds"] for s in step))
-               for step in steps[1:] or steps]
-    return statistics.median(bubbles)
+def bubble_per_step(ranks: list[dict]) -> list[float]:
+    """For every step of a pipeline run, the share of the step the stages spent not computing:
+    1 - (time the S stages computed) / (S x the time from the step's common start, a barrier,
+    to the end of the slowest stage's schedule). ``ranks``: every rank's result of
+    ``tutorial_lib.parallel_runs.run_case``."""
+    steps = zip(*(r["pipeline"]["steps"] for r in ranks))
+    return [1 - sum(s["busy"] for s in step) / (len(step) * max(s["seconds"] for s in step)) for step in steps]
+
+
+def measured_bubble(ranks: list[dict]) -> tuple[float, int]:
+    """The bubble of the least disturbed step after the first (which also sends the activations'
+    shapes, once), and that step's index. Anything else running on the machine can only
+    lengthen a step's waits, so the smallest is the best estimate of the schedule's own."""
+    bubbles = bubble_per_step(ranks)
+    step = min(range(1, len(bubbles)) if len(bubbles) > 1 else [0], key=bubbles.__getitem__)
+    return bubbles[step], step

@@ -74,6 +74,8 @@ class Case:
     block: int = 16
     d_model: int = 32
     n_layers: int = 4
+    n_heads: int = 4
+    n_kv_heads: int = 2  # the LLaMA flavour's key/value heads (GPT: one per query head)
     microbatches: int = 4
     schedule: str = "gpipe"
     vocab_parallel: bool = True
@@ -86,7 +88,8 @@ class Case:
         for name, allowed in (("scheme", SCHEMES), ("flavour", FLAVOURS), ("schedule", SCHEDULES)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
-        for name in ("steps", "batch", "block", "d_model", "n_layers", "microbatches", "corpus_chars"):
+        for name in ("steps", "batch", "block", "d_model", "n_layers", "n_heads", "n_kv_heads", "microbatches",
+                     "corpus_chars"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
@@ -103,16 +106,17 @@ def _corpus(n_chars: int) -> tuple[Tensor, int]:
 
 def case_model(case: Case) -> tuple[ModelConfig, Tensor]:
     """The config of the case's tiny model and the corpus as ids. GPT: learned positions,
-    LayerNorm, GELU, biases, tied head. LLaMA: RoPE, RMSNorm, SwiGLU, 4 query heads sharing 2
-    key/value heads, no biases, untied head. The vocabulary is padded to a multiple of
-    :data:`VOCAB_MULTIPLE` (as Megatron-LM pads it), so that it splits evenly by rows."""
+    LayerNorm, GELU, biases, tied head. LLaMA: RoPE, RMSNorm, SwiGLU, grouped-query attention
+    (by default 4 query heads sharing 2 key/value heads), FFN width 2 d, no biases, untied
+    head. The vocabulary is padded to a multiple of :data:`VOCAB_MULTIPLE` (as Megatron-LM
+    pads it), so that it splits evenly by rows."""
     stream, vocab_size = _corpus(case.corpus_chars)
     vocab_size = -(-vocab_size // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
-    sizes = dict(vocab_size=vocab_size, d_model=case.d_model, n_layers=case.n_layers, n_heads=4,
+    sizes = dict(vocab_size=vocab_size, d_model=case.d_model, n_layers=case.n_layers, n_heads=case.n_heads,
                  max_len=case.block, dropout=0.0)
     if case.flavour == "gpt":
         return replace(GPT_TINY, **sizes), stream
-    return replace(LLAMA_TINY, **sizes, n_kv_heads=2, d_ff=2 * case.d_model), stream
+    return replace(LLAMA_TINY, **sizes, n_kv_heads=case.n_kv_heads, d_ff=2 * case.d_model), stream
 
 
 def make_adamw(module: nn.Module, decay: set[str], lr: float) -> torch.optim.AdamW:
@@ -225,9 +229,10 @@ def run_case(case: Case, rank: int, world_size: int, device: torch.device) -> di
             optimizer.step()
         seconds.append(time.perf_counter() - start)
         losses.append(loss.item())
-        if log is not None:
+        if log is not None:  # the step's timeline, from its start
             pipeline_steps.append({"busy": sum(end - begin for _, _, begin, end in log),
-                                   "seconds": schedule_seconds, "in_flight": in_flight(log)})
+                                   "seconds": schedule_seconds, "in_flight": in_flight(log),
+                                   "events": [(kind, mb, a - start, b - start) for kind, mb, a, b in log]})
     kwargs = dict(vocab_parallel=case.vocab_parallel)
     result = {"rank": rank, "loss": _global_losses(case.scheme, losses, rank, world_size), "seconds": seconds,
               "parameters": rank_parameters(cfg, case.scheme, world_size, rank, **kwargs),
@@ -236,8 +241,8 @@ def run_case(case: Case, rank: int, world_size: int, device: torch.device) -> di
               "traffic": counter.summary(),  # of the last step
               "expected_traffic": expected_traffic(cfg, case.scheme, world_size, rank, batch=case.batch,
                                                    seq_len=case.block, **kwargs)}
-    if log is not None:  # every step's totals; the last step's timeline, from its start
-        result["pipeline"] = {"steps": pipeline_steps, "events": [(k, i, a - start, b - start) for k, i, a, b in log]}
+    if log is not None:
+        result["pipeline"] = {"steps": pipeline_steps}
     weights = full_weights(case.scheme, module) if case.weights else {}
     if rank == 0 and weights:
         result["weights"] = {n: t.tolist() for n, t in weights.items()}
