@@ -443,17 +443,21 @@ def full_weights(scheme: str, module: nn.Module) -> dict[str, Tensor]:
     return {n: t for piece in pieces for n, t in piece.items()}
 
 
-def pipeline_timeline(pipeline_stage) -> list[tuple[str, int, float, float]]:
+def pipeline_timeline(pipeline_stage, device: torch.device) -> list[tuple[str, int, float, float]]:
     """Record (kind, micro-batch, start, end) of every forward and backward computation the
     stage runs from now on, in a list that the caller clears between steps. Waiting for a
-    neighbour's message happens in the schedule, between these calls, so it is not counted."""
+    neighbour's message happens in the schedule, between these calls, so it is not counted.
+    On a GPU each computation is waited for, so that the times are the kernels' own."""
     log: list[tuple[str, int, float, float]] = []
+    wait = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     for kind in ("forward", "backward"):
         compute = getattr(pipeline_stage, f"{kind}_one_chunk")
 
         def timed(chunk, *args, _compute=compute, _kind=kind, **kwargs):
+            wait()
             start = time.perf_counter()
             out = _compute(chunk, *args, **kwargs)
+            wait()
             log.append((_kind, chunk, start, time.perf_counter()))
             return out
 

@@ -189,7 +189,7 @@ def prepare(case: Case, rank: int, world_size: int, device: torch.device):
     else:
         module, pipeline_stage, schedule = build_pipeline(model, rank, world_size, case.microbatches,
                                                           case.schedule, device)
-        log = pipeline_timeline(pipeline_stage)
+        log = pipeline_timeline(pipeline_stage, device)
         tie_group = dist.new_group([0, world_size - 1]) if cfg.tie_embeddings else None
 
         def step(ids, targets):
@@ -234,7 +234,7 @@ def run_case(case: Case, rank: int, world_size: int, device: torch.device) -> di
                                    "seconds": schedule_seconds, "in_flight": in_flight(log),
                                    "events": [(kind, mb, a - start, b - start) for kind, mb, a, b in log]})
     kwargs = dict(vocab_parallel=case.vocab_parallel)
-    result = {"rank": rank, "loss": _global_losses(case.scheme, losses, rank, world_size), "seconds": seconds,
+    result = {"rank": rank, "loss": _global_losses(case.scheme, losses, rank, world_size, device), "seconds": seconds,
               "parameters": rank_parameters(cfg, case.scheme, world_size, rank, **kwargs),
               "memory": held_bytes(module, optimizer),
               "expected_memory": expected_memory(cfg, case.scheme, world_size, rank, **kwargs),
@@ -249,12 +249,13 @@ def run_case(case: Case, rank: int, world_size: int, device: torch.device) -> di
     return result
 
 
-def _global_losses(scheme: str, losses: list[float], rank: int, world_size: int) -> list[float]:
+def _global_losses(scheme: str, losses: list[float], rank: int, world_size: int,
+                   device: torch.device) -> list[float]:
     """The global batch's loss at every step: the mean of the data-parallel ranks' losses (equal
     token counts), tensor parallelism's (the same on every rank), or the pipeline's last stage's
     mean over its micro-batches."""
     if scheme in ("ddp", "fsdp"):
-        total = torch.tensor(losses, dtype=torch.float64)
+        total = torch.tensor(losses, dtype=torch.float64, device=device)  # NCCL reduces GPU tensors only
         dist.all_reduce(total)
         return (total / world_size).tolist()
     if scheme == "pp":
@@ -320,6 +321,7 @@ def compare(ranks: list[dict], reference: dict) -> dict[str, float]:
     return {"loss": max(abs(a - b) for a, b in zip(ranks[0]["loss"], reference["loss"])),
             "weights": differences.abs().max().item(),
             "weights_relative": differences.norm().item() / reference["update_norm"]}
+
 
 if __name__ == "__main__":
     main()
