@@ -16,6 +16,7 @@ learning-rate step would already break 1e-4 (the update norm is about 0.4 here).
 """
 
 import copy
+from dataclasses import replace
 
 import pytest
 import torch
@@ -102,6 +103,16 @@ def test_a_split_that_does_not_divide_is_refused_with_the_count_named():
     P.check_tensor_parallel(ModelConfig(d_model=32, n_heads=4, vocab_size=87), 4, vocab_parallel=False)
     with pytest.raises(ValueError, match="positive int"):
         P.check_tensor_parallel(cfg, 0)
+
+
+def test_the_tensor_and_pipeline_plans_refuse_what_they_do_not_split():
+    moe = replace(small("llama"), n_experts=4, experts_per_token=2)
+    with pytest.raises(ValueError, match="n_experts=4"):
+        P.PipelineStageModule(DecoderOnlyLM(moe), 0, 2)
+    relative = replace(small("gpt"), positions="relative")
+    with pytest.raises(ValueError, match="relative-position table"):
+        P.check_dense(relative, "tensor-parallel")
+    P.check_dense(small("llama"), "pipeline")
 
 
 def test_stage_layers_are_consecutive_and_as_equal_as_possible():

@@ -67,6 +67,19 @@ def check_tensor_parallel(cfg: ModelConfig, degree: int, vocab_parallel: bool = 
                              f"does not divide by {degree}")
 
 
+def check_dense(cfg: ModelConfig, plan: str) -> None:
+    """Raise ValueError for the parts that the tensor-parallel and pipeline plans do not split:
+    a mixture of experts (its experts would need expert parallelism, not built here) and T5's
+    relative-position table, one (buckets x heads) table shared by every layer (a pipeline
+    would need a copy on every stage, tensor parallelism a split by heads)."""
+    if cfg.n_experts:
+        raise ValueError(f"the {plan} plan splits dense models; this config has a mixture of "
+                         f"n_experts={cfg.n_experts} experts")
+    if cfg.positions == "relative":
+        raise ValueError(f"the {plan} plan does not split T5's relative-position table (positions='relative'); "
+                         "use learned, sinusoidal, rope, alibi or none")
+
+
 def stage_layers(n_layers: int, stages: int) -> list[range]:
     """The layers of each pipeline stage: consecutive, as equal as possible, the earlier stages
     taking one more when they do not divide evenly."""
@@ -320,6 +333,7 @@ def apply_tensor_parallel(model: DecoderOnlyLM, mesh, *, vocab_parallel: bool = 
     )
 
     degree = mesh.size()
+    check_dense(model.cfg, "tensor-parallel")
     check_tensor_parallel(model.cfg, degree, vocab_parallel)
     for block in model.blocks:
         attn = block.attn
@@ -358,6 +372,7 @@ class PipelineStageModule(nn.Module):
 
     def __init__(self, model: DecoderOnlyLM, stage: int, stages: int):
         super().__init__()
+        check_dense(model.cfg, "pipeline")
         self.cfg = model.cfg
         self.embed = model.embed if stage == 0 else None
         self.blocks = nn.ModuleDict({str(i): model.blocks[i] for i in stage_layers(model.cfg.n_layers, stages)[stage]})
@@ -385,6 +400,7 @@ def build_pipeline(model: DecoderOnlyLM, stage: int, stages: int, microbatches: 
 
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
+    check_dense(model.cfg, "pipeline")
     if schedule == "1f1b" and microbatches < stages:
         raise ValueError(f"1F1B needs at least as many micro-batches as stages, got {microbatches} for {stages}")
     module = PipelineStageModule(model, stage, stages).to(device)
