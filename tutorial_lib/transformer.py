@@ -55,10 +55,10 @@ class Encoder(nn.Module):
 
     def forward(self, x: Tensor, mask: Tensor | None = None, *, need_weights: bool = False) -> StackOutput:
         """x: (B, S, d); mask: boolean, True = may attend, e.g. a (B, 1, 1, S) padding mask."""
-        bias = position_bias(self.cfg, x.size(1), x.size(1), x.device, self.relative_bias)  # (h, S, S) or None
+        bias = position_bias(self.cfg, x.size(1), x.size(1), x.device, self.relative_bias)  # (1, h, S, S) or None
         weights = []
         for layer in self.layers:
-            x, w = layer(x, mask, bias=bias, need_weights=need_weights)
+            x, w, _ = layer(x, mask, bias=bias, need_weights=need_weights)  # no routing: encoders are dense
             weights.append(w)
         return StackOutput(self.final_norm(x), stack_weights(weights))
 
@@ -79,6 +79,7 @@ class DecoderLayer(nn.Module):
 
     def __init__(self, cfg: ModelConfig, rotary: nn.Module | None = None):
         super().__init__()
+        refuse_unbuilt_parts(cfg, "layers")
 
         def attention(rot):
             return MultiHeadAttention(cfg.d_model, cfg.n_heads, n_kv_heads=cfg.kv_heads, head_dim=cfg.d_k,
@@ -159,7 +160,7 @@ class Decoder(nn.Module):
                 need_weights: bool = False) -> DecoderOutput:
         offset = 0 if cache is None else len(cache)
         T = x.size(1)
-        bias = position_bias(self.cfg, T, offset + T, x.device, self.relative_bias)  # (h, T, offset + T) or None
+        bias = position_bias(self.cfg, T, offset + T, x.device, self.relative_bias)  # (1, h, T, offset + T) or None
         self_ws, cross_ws = [], []
         for i, layer in enumerate(self.layers):
             x, sw, cw = layer(x, memory, self_mask, memory_mask, is_causal=True, bias=bias,
