@@ -12,9 +12,18 @@ from typing import NamedTuple
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .attention import KVCache
+from .attention import KVCache, check_mask
+from .checks import IdRange, check_id_tensor, check_id_values, check_ignore_index, check_length
 from .config import ModelConfig
-from .layers import Embeddings, TransformerBlock, init_weights, make_norm, make_rotary, position_bias, stack_weights
+from .layers import (
+    Embeddings,
+    TransformerBlock,
+    init_weights,
+    make_norm,
+    make_rotary,
+    position_bias,
+    stack_weights,
+)
 
 
 class LMOutput(NamedTuple):
@@ -52,12 +61,20 @@ class DecoderOnlyLM(nn.Module):
         and values are appended. mask: a boolean mask (True = may attend) broadcastable to
         (B, h, T, len(cache) + T) used *instead of* the causal mask (e.g. a prefix-LM mask).
         """
+        check_id_tensor("ids", ids)
         offset = 0 if cache is None else len(cache)
-        T = ids.size(-1) if ids.dim() else 0
-        if offset + T > self.cfg.max_len:
-            raise ValueError(f"a context of {offset + T} tokens is longer than the model supports "
-                             f"(max_len={self.cfg.max_len}); crop the input to the last {self.cfg.max_len}")
-        x = self.embed(ids, offset)  # (B, T, d); checks ids
+        B, T = ids.shape
+        check_length("ids", T, self.cfg.max_len, offset)
+        ranges = [IdRange("ids", ids, self.cfg.vocab_size)]
+        if targets is not None:
+            check_id_tensor("targets", targets, what="target ids")
+            if targets.shape != ids.shape:
+                raise ValueError(f"targets must have the shape of ids {tuple(ids.shape)}, got {tuple(targets.shape)}")
+            ranges.append(IdRange("targets", targets, self.cfg.vocab_size, check_ignore_index(ignore_index)))
+        if mask is not None:
+            check_mask("mask", mask, (B, self.cfg.n_heads, T, offset + T), ids.device)
+        check_id_values(*ranges)  # one host sync for ids and targets together
+        x = self.embed(ids, offset, check_values=False)  # (B, T, d)
         bias = position_bias(self.cfg, T, offset + T, x.device)  # (1, h, T, S) for ALiBi
         weights = []
         for i, block in enumerate(self.blocks):
@@ -67,7 +84,5 @@ class DecoderOnlyLM(nn.Module):
         logits = self.head(self.final_norm(x))  # (B, T, V)
         loss = None
         if targets is not None:
-            if targets.shape != ids.shape:
-                raise ValueError(f"targets must have the shape of ids {tuple(ids.shape)}, got {tuple(targets.shape)}")
             loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=ignore_index)
         return LMOutput(logits, loss, stack_weights(weights))
