@@ -179,7 +179,7 @@ def test_every_kept_step_has_its_hashes_recorded_and_verified(tmp_path):
 @pytest.mark.parametrize("how", ["truncate", "flip"])
 def test_a_truncated_or_overwritten_file_names_itself_and_says_to_load_another_step(tmp_path, kind, how):
     snaps = saved_three_steps(tmp_path)
-    name = f"model-00000003.safetensors" if kind == "model" else "state-00000003.pt"
+    name = "model-00000003.safetensors" if kind == "model" else "state-00000003.pt"
     damage(tmp_path / name, how)
     model, opt = build(seed=5)
     with pytest.raises(ValueError, match=rf"{name} is damaged.*Load another step.*N in \[1, 2\]"):

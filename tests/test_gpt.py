@@ -114,7 +114,8 @@ def test_model_refuses_contexts_longer_than_max_len_and_bad_ids():
         model(torch.zeros(1, 25, dtype=torch.long))
     with pytest.raises(ValueError, match="ids must hold integer token ids, got dtype torch.float32"):
         model(torch.zeros(1, 5))
-    with pytest.raises(ValueError, match=r"ids must hold ids in \[0, 49\] \(size 50\); it holds \[50\], first at ids\[0, 0\]"):
+    with pytest.raises(ValueError, match=r"ids must hold ids in \[0, 49\] \(size 50\); it holds \[50\], "
+                                         r"first at ids\[0, 0\]"):
         model(torch.full((1, 5), 50))
     with pytest.raises(ValueError, match=r"it holds \[-1\], first at ids\[0, 1\]"):
         model(torch.tensor([[3, -1, 7]]))

@@ -63,11 +63,18 @@ def check_length(name: str, length: int, max_len: int, offset: int = 0) -> None:
     if offset + length <= max_len:
         return
     if offset:
-        raise ValueError(f"{name} has {length} new positions after {offset} cached ones, {offset + length} in all, "
+        raise ValueError(f"{name} has {length} new position(s) after {offset} cached ones, {offset + length} in all, "
                          f"past the model's context of max_len={max_len}; start a new cache from the last "
                          f"{max_len} tokens (generate does this)")
     raise ValueError(f"{name} has {length} positions, but the model's context is max_len={max_len} (positions "
                      f"0..{max_len - 1}); crop it to the last {max_len}: {name}[:, -{max_len}:]")
+
+
+def check_vectors(name: str, x, d_model: int) -> None:
+    """Raise ValueError unless ``x`` is a float tensor (B, T, d_model) (metadata only)."""
+    if not isinstance(x, Tensor) or x.dim() != 3 or x.size(-1) != d_model or not x.is_floating_point():
+        got = f"{x.dtype} {tuple(x.shape)}" if isinstance(x, Tensor) else type(x).__name__
+        raise ValueError(f"{name} must be float vectors of shape (B, T, d_model={d_model}), got {got}")
 
 
 def check_ignore_index(ignore_index) -> int:
@@ -84,6 +91,7 @@ class IdRange(NamedTuple):
     values: Tensor
     size: int  # vocabulary size, or number of classes
     ignore_index: int | None = None  # for targets: the value that marks "no target here"
+    what: str = "ids"  # what the values are, for the message ("class ids")
 
 
 def _out_of_range(r: IdRange) -> str:
@@ -98,7 +106,7 @@ def _out_of_range(r: IdRange) -> str:
     more = f" and {len(offending) - 8} more" if len(offending) > 8 else ""
     allowed = f"[0, {r.size - 1}]"
     if r.ignore_index is None:
-        return (f"{r.name} must hold ids in {allowed} (size {r.size}); it holds {shown}{more}, "
+        return (f"{r.name} must hold {r.what} in {allowed} (size {r.size}); it holds {shown}{more}, "
                 f"first at {r.name}[{', '.join(map(str, first))}]")
     return (f"{r.name} must hold class ids in {allowed} (size {r.size}) or ignore_index={r.ignore_index} "
             f"(positions without a target); it holds {shown}{more}, first at "

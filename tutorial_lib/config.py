@@ -33,13 +33,17 @@ class ModelConfig:
     d_ff defaults to 4 * d_model. ``bias`` switches every bias; ``qkv_bias``, ``out_bias``,
     ``ffn_bias`` and ``norm_bias`` override it for one part.
 
+    ``positions="relative"`` is T5's learned relative-position bias: one table of
+    ``relative_buckets`` x ``n_heads`` per self-attention stack, shared by its layers
+    (:class:`tutorial_lib.positions.RelativePositionBias`). T5 itself also leaves out the
+    1/sqrt(d_k) of attention; tutorial_lib keeps it (T5's W_Q times sqrt(d_k) gives the same
+    scores).
+
     A few fields describe parts of published models that :mod:`tutorial_lib.params` counts but
     this package does not build: BERT's token-type table, embedding norm and pooler
-    (``family="encoder"`` only), and T5's learned relative-position bias (``positions=
-    "relative"``: one table of ``relative_buckets`` x ``n_heads`` per self-attention stack,
-    shared by its layers). ``Embeddings`` and the attention layers refuse a config that asks
-    for them, rather than silently leaving them out; there is no encoder-only model to build
-    a pooler.
+    (``family="encoder"`` only). ``Embeddings`` and ``Encoder`` refuse a config that asks for
+    them, rather than silently leaving them out; there is no encoder-only model to build a
+    pooler.
     """
 
     family: str = "decoder"
@@ -75,7 +79,7 @@ class ModelConfig:
     embedding_norm: bool = False  # a norm over the summed embeddings (BERT)
     pooler: bool = False  # BERT's dense + tanh layer over the first position
     relative_buckets: int = 32  # positions="relative" (T5): buckets of relative distance
-    relative_max_distance: int = 128  # ... the distance where the last bucket starts
+    relative_max_distance: int = 128  # ... distances from this one on share the last bucket
     # initialisation (see tutorial_lib.layers.init_weights)
     init_std: float = 0.02
     qk_gain: float = 1.0  # multiplies the initial W_Q and W_K

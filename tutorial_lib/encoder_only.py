@@ -282,7 +282,7 @@ class SequenceClassifier(nn.Module):
             if not isinstance(inputs, Tensor) or labels.size(0) != inputs.size(0):
                 got = inputs.size(0) if isinstance(inputs, Tensor) else "?"
                 raise ValueError(f"labels must have shape (B={got},), got {tuple(labels.shape)}")
-            ranges.append(IdRange("labels", labels, self.classifier.out_features))
+            ranges.append(IdRange("labels", labels, self.classifier.out_features, what="class ids"))
         if ranges:
             check_id_values(*ranges)  # one host sync for ids and labels
         encoded = self.backbone(inputs, lengths=lengths, need_weights=need_weights, check_values=False)

@@ -20,6 +20,7 @@ from .layers import (
     TransformerBlock,
     init_weights,
     make_norm,
+    make_relative_bias,
     make_rotary,
     position_bias,
     stack_weights,
@@ -42,6 +43,7 @@ class DecoderOnlyLM(nn.Module):
         self.cfg = cfg
         self.embed = Embeddings(cfg)
         self.rotary = make_rotary(cfg)
+        self.relative_bias = make_relative_bias(cfg, bidirectional=False)  # T5's bias, causal buckets
         self.blocks = nn.ModuleList(TransformerBlock(cfg, self.rotary) for _ in range(cfg.n_layers))
         self.final_norm = make_norm(cfg) if cfg.has_final_norm else nn.Identity()
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
@@ -75,7 +77,7 @@ class DecoderOnlyLM(nn.Module):
             check_mask("mask", mask, (B, self.cfg.n_heads, T, offset + T), ids.device)
         check_id_values(*ranges)  # one host sync for ids and targets together
         x = self.embed(ids, offset, check_values=False)  # (B, T, d)
-        bias = position_bias(self.cfg, T, offset + T, x.device)  # (1, h, T, S) for ALiBi
+        bias = position_bias(self.cfg, T, offset + T, x.device, self.relative_bias)  # (1, h, T, S): ALiBi, T5
         weights = []
         for i, block in enumerate(self.blocks):
             x, w = block(x, mask, is_causal=mask is None, bias=bias,

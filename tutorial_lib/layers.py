@@ -12,9 +12,17 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .attention import LayerKVCache, MultiHeadAttention
-from .checks import IdRange, check_count, check_id_tensor, check_id_values, check_length, check_number
+from .checks import (
+    IdRange,
+    check_count,
+    check_id_tensor,
+    check_id_values,
+    check_length,
+    check_number,
+    check_vectors,
+)
 from .config import GATED_FFNS, ModelConfig
-from .positions import LearnedPositions, RotaryEmbedding, SinusoidalPositions, alibi_bias
+from .positions import LearnedPositions, RelativePositionBias, RotaryEmbedding, SinusoidalPositions, alibi_bias
 
 
 class RMSNorm(nn.Module):
@@ -31,6 +39,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(d))
 
     def forward(self, x: Tensor) -> Tensor:
+        if x.size(-1) != self.weight.size(0):
+            raise ValueError(f"RMSNorm({self.weight.size(0)}) normalises vectors of width {self.weight.size(0)}; "
+                             f"x has shape {tuple(x.shape)}")
         # x32 * rsqrt(mean(x32^2) + eps) in float32 (also under bf16 autocast), through torch's
         # rms_norm: the same numbers as those operations written out, in one call instead of five
         normed = F.rms_norm(x.float(), (x.size(-1),), eps=self.eps)
@@ -114,15 +125,12 @@ class Residual(nn.Module):
 
 def refuse_unbuilt_parts(cfg: ModelConfig, what: str) -> None:
     """Raise ValueError when ``cfg`` asks for a part that ``what`` would need but this package
-    does not build: T5's relative-position bias (layers), BERT's token-type table and
-    embedding norm (embeddings), BERT's pooler (encoder). ModelConfig describes them so that
-    tutorial_lib.params can count published models; a model built without them would
-    silently be a different one."""
+    does not build: BERT's token-type table and embedding norm (embeddings), BERT's pooler
+    (encoder). ModelConfig describes them so that tutorial_lib.params can count published
+    models; a model built without them would silently be a different one."""
     missing = []
     if what == "encoder" and cfg.pooler:
         missing.append("pooler=True (BERT's dense + tanh layer over the first position)")
-    if what == "layers" and cfg.positions == "relative":
-        missing.append("positions='relative' (T5's relative-position bias)")
     if what == "embeddings" and cfg.type_vocab_size:
         missing.append(f"type_vocab_size={cfg.type_vocab_size} (BERT's token-type table)")
     if what == "embeddings" and cfg.embedding_norm:
@@ -136,9 +144,26 @@ def make_rotary(cfg: ModelConfig) -> RotaryEmbedding | None:
     return RotaryEmbedding(cfg.d_k, cfg.rope_base) if cfg.positions == "rope" else None
 
 
-def position_bias(cfg: ModelConfig, T: int, S: int, device=None) -> Tensor | None:
-    """ALiBi's additive score bias (1, h, T, S) when the config uses it, else None (the batch
-    axis in front: attention refuses a 3-D bias, whose first axis would be ambiguous)."""
+def make_relative_bias(cfg: ModelConfig, *, bidirectional: bool) -> RelativePositionBias | None:
+    """T5's learned relative-position table for one self-attention stack, shared by its layers,
+    when the config uses it (``positions="relative"``), else None. ``bidirectional``: True for
+    an encoder, False for a causal decoder."""
+    if cfg.positions != "relative":
+        return None
+    return RelativePositionBias(cfg.n_heads, cfg.relative_buckets, cfg.relative_max_distance,
+                                bidirectional=bidirectional)
+
+
+def position_bias(cfg: ModelConfig, T: int, S: int, device=None,
+                  relative: RelativePositionBias | None = None) -> Tensor | None:
+    """The additive score bias (1, h, T, S) of the config's positions, for T queries at the last
+    T of S positions: ALiBi's fixed one, T5's learned one (``relative``, the stack's table from
+    :func:`make_relative_bias`), else None. The batch axis is in front because attention refuses
+    a 3-D bias, whose first axis would be ambiguous."""
+    if cfg.positions == "relative":
+        if relative is None:
+            raise ValueError("positions='relative' needs the stack's table (make_relative_bias)")
+        return relative(T, S)[None]  # (1, h, T, S)
     if cfg.positions != "alibi":
         return None
     return alibi_bias(cfg.n_heads, T, S).to(device)[None]  # (1, h, T, S)
@@ -163,7 +188,6 @@ class TransformerBlock(nn.Module):
 
     def __init__(self, cfg: ModelConfig, rotary: nn.Module | None = None):
         super().__init__()
-        refuse_unbuilt_parts(cfg, "layers")
         self.attn = MultiHeadAttention(
             cfg.d_model, cfg.n_heads, n_kv_heads=cfg.kv_heads, head_dim=cfg.d_k,
             bias=cfg.uses_bias("qkv"), out_bias=cfg.uses_bias("out"), dropout=cfg.dropout,
@@ -176,6 +200,7 @@ class TransformerBlock(nn.Module):
     def forward(self, x: Tensor, mask: Tensor | None = None, *, is_causal: bool = False,
                 bias: Tensor | None = None, cache: LayerKVCache | None = None,
                 need_weights: bool = False) -> BlockOutput:
+        check_vectors("x", x, self.attn.d_model)
         weights = None
 
         def attend(h: Tensor) -> Tensor:

@@ -144,6 +144,7 @@ _RULES = [
     (re.compile(_STACK + r"\.ffn\.(?P<part>up|gate|down)\."), "{stack}.ffn.{part}"),
     (re.compile(_STACK + r"\.\w+_sublayer\.norm\."), "{stack}.norms"),
     (re.compile(r"(?:(?P<stack>encoder|decoder)\.)?final_norm\."), "{stack}.final_norm"),
+    (re.compile(r"(?:(?P<stack>encoder|decoder)\.)?relative_bias\."), "{stack}.position_bias"),
     (re.compile(r"head\."), "head"),
     (re.compile(r"frontend\."), "frontend"),
 ]
