@@ -125,12 +125,16 @@ class Residual(nn.Module):
 
 def refuse_unbuilt_parts(cfg: ModelConfig, what: str) -> None:
     """Raise ValueError when ``cfg`` asks for a part that ``what`` would need but this package
-    does not build: BERT's token-type table and embedding norm (embeddings), BERT's pooler
-    (encoder). ModelConfig describes them so that tutorial_lib.params can count published
+    does not build: Qwen3's query/key norm and DeepSeek's latent attention (layers), BERT's
+    token-type table and embedding norm (embeddings), BERT's pooler (encoder). ModelConfig describes them so that tutorial_lib.params can count published
     models; a model built without them would silently be a different one."""
     missing = []
     if what == "encoder" and cfg.pooler:
         missing.append("pooler=True (BERT's dense + tanh layer over the first position)")
+    if what == "layers" and cfg.qk_norm:
+        missing.append("qk_norm=True (Qwen3's norm on each head's queries and keys)")
+    if what == "layers" and cfg.latent_attention:
+        missing.append(f"kv_lora_rank={cfg.kv_lora_rank} (DeepSeek's multi-head latent attention)")
     if what == "embeddings" and cfg.type_vocab_size:
         missing.append(f"type_vocab_size={cfg.type_vocab_size} (BERT's token-type table)")
     if what == "embeddings" and cfg.embedding_norm:
@@ -177,6 +181,7 @@ def stack_weights(weights: list) -> Tensor | None:
 class BlockOutput(NamedTuple):
     x: Tensor  # (B, T, d)
     weights: Tensor | None  # (B, h, T, S) when asked for
+    routing: NamedTuple | None = None  # a mixture of experts' tutorial_lib.moe.Routing, else None
 
 
 class TransformerBlock(nn.Module):
@@ -184,16 +189,21 @@ class TransformerBlock(nn.Module):
 
     With a padding mask this is an encoder layer; with a causal mask it is the block of a
     decoder-only language model (GPT, LLaMA). The norm order comes from the config.
+
+    ``ffn``: the feed-forward part, by default the dense :class:`FeedForward` the config
+    describes. A mixture of experts (:class:`tutorial_lib.moe.MoEFeedForward`) returns its
+    output together with its routing, which the block hands on in ``BlockOutput.routing``.
     """
 
-    def __init__(self, cfg: ModelConfig, rotary: nn.Module | None = None):
+    def __init__(self, cfg: ModelConfig, rotary: nn.Module | None = None, *, ffn: nn.Module | None = None):
         super().__init__()
+        refuse_unbuilt_parts(cfg, "layers")
         self.attn = MultiHeadAttention(
             cfg.d_model, cfg.n_heads, n_kv_heads=cfg.kv_heads, head_dim=cfg.d_k,
             bias=cfg.uses_bias("qkv"), out_bias=cfg.uses_bias("out"), dropout=cfg.dropout,
             rotary=rotary)
-        self.ffn = FeedForward(cfg.d_model, cfg.ffn_dim, cfg.ffn, bias=cfg.uses_bias("ffn"),
-                               dropout=cfg.dropout)
+        self.ffn = ffn if ffn is not None else FeedForward(
+            cfg.d_model, cfg.ffn_dim, cfg.ffn, bias=cfg.uses_bias("ffn"), dropout=cfg.dropout)
         self.attn_sublayer = Residual(make_norm(cfg), cfg.norm_order, cfg.dropout)
         self.ffn_sublayer = Residual(make_norm(cfg), cfg.norm_order, cfg.dropout)
 
@@ -209,9 +219,18 @@ class TransformerBlock(nn.Module):
                                      need_weights=need_weights)
             return out
 
+        routing = None
+
+        def feed_forward(h: Tensor) -> Tensor:
+            nonlocal routing
+            out = self.ffn(h)
+            if isinstance(out, tuple):  # a mixture of experts: (output, routing)
+                out, routing = out
+            return out
+
         x = self.attn_sublayer(x, attend)
-        x = self.ffn_sublayer(x, self.ffn)
-        return BlockOutput(x, weights)
+        x = self.ffn_sublayer(x, feed_forward)
+        return BlockOutput(x, weights, routing)
 
 
 def make_positions(cfg: ModelConfig) -> nn.Module | None:

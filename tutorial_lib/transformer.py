@@ -59,7 +59,7 @@ class Encoder(nn.Module):
         bias = position_bias(self.cfg, x.size(1), x.size(1), x.device, self.relative_bias)  # (1, h, S, S) or None
         weights = []
         for layer in self.layers:
-            x, w = layer(x, mask, bias=bias, need_weights=need_weights)
+            x, w, _ = layer(x, mask, bias=bias, need_weights=need_weights)  # no routing: encoders are dense
             weights.append(w)
         return StackOutput(self.final_norm(x), stack_weights(weights))
 
@@ -80,6 +80,7 @@ class DecoderLayer(nn.Module):
 
     def __init__(self, cfg: ModelConfig, rotary: nn.Module | None = None):
         super().__init__()
+        refuse_unbuilt_parts(cfg, "layers")
 
         def attention(rot):
             return MultiHeadAttention(cfg.d_model, cfg.n_heads, n_kv_heads=cfg.kv_heads, head_dim=cfg.d_k,
