@@ -68,7 +68,7 @@ def env(tmp_path_factory) -> Env:
     files = root / "files"
     files.mkdir()
     (files / "bad.json").write_text("{not json")
-    (files / "mixtral.json").write_text(json.dumps({"model_type": "mixtral"}))
+    (files / "gemma2.json").write_text(json.dumps({"model_type": "gemma2"}))
     (files / "latin1.json").write_bytes(b"\xff\xfe{}")
     (root / "empty").mkdir()
     return Env(lm, s2s, MaskedLM(enc), SequenceClassifier(enc, 3), D.CharTokenizer.from_text("abc", ("<pad>",)),
@@ -308,8 +308,8 @@ ROWS = [
      ["exit code 2", "'nope.json' is neither a config.json file nor a preset", "gpt2-small"]),
     ("params CLI invalid JSON", lambda e: cli(e.files / "bad.json"), SystemExit, ["bad.json is not valid JSON"]),
     ("params CLI not UTF-8", lambda e: cli(e.files / "latin1.json"), SystemExit, ["latin1.json", "UTF-8"]),
-    ("params CLI unsupported model", lambda e: cli(e.files / "mixtral.json"), SystemExit,
-     ["'mixtral' is not supported", "mixture of experts"]),
+    ("params CLI unsupported model", lambda e: cli(e.files / "gemma2.json"), SystemExit,
+     ["'gemma2' is not supported", "soft-capping"]),
     ("params CLI batch 0", lambda e: cli("gpt2-small", "--batch", 0), SystemExit, ["batch", "positive int", "0"]),
     ("params CLI batch float", lambda e: cli("gpt2-small", "--batch", 2.5), SystemExit, ["--batch", "'2.5'"]),
     ("params CLI seq-len past max_len", lambda e: cli("gpt2-small", "--seq-len", 5000), SystemExit,

@@ -21,7 +21,8 @@ BIAS_PARTS = ("qkv", "out", "ffn", "norm")
 
 _OPTIONAL_BOOL_FIELDS = ("final_norm", "qkv_bias", "out_bias", "ffn_bias", "norm_bias")
 _BOOL_FIELDS = ("bias", "tie_embeddings", "scale_embeddings", "share_embeddings", "embedding_norm", "pooler",
-                "zero_init_out", "scale_residual_init") + _OPTIONAL_BOOL_FIELDS
+                "zero_init_out", "scale_residual_init", "shared_expert_gate", "renormalise_topk",
+                "qk_norm") + _OPTIONAL_BOOL_FIELDS
 
 
 @dataclass(frozen=True)
