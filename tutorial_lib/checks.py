@@ -3,8 +3,9 @@
 Every check raises ``ValueError`` with a message that names the argument, says what was
 expected and shows what came. Two kinds:
 
-* shape, dtype and type checks (:func:`check_count`, :func:`check_number`,
-  :func:`check_id_tensor`): plain Python on metadata, O(1), free to run anywhere;
+* type, shape and dtype checks (:func:`check_count`, :func:`check_number`,
+  :func:`check_id_tensor`, :func:`check_length`, :func:`check_vectors`): plain Python on
+  metadata, O(1), free to run anywhere;
 * value checks that read tensor data (:func:`check_id_values`): every token id and target of
   one forward pass in one call, with one transfer to the host. They live here alone, so that
   a faster path can run them less often without hunting for them.
@@ -114,7 +115,8 @@ def _out_of_range(r: IdRange) -> str:
 
 
 def check_id_values(*ranges: IdRange) -> None:
-    """Every value check on token ids and targets of one call, with one host transfer.
+    """Every value check on token ids and targets of one call, with one host transfer (two
+    scalar reads when there is a single tensor of ids, as in a cached decoding step).
 
     Ids must lie in [0, size); a target may also equal its ``ignore_index``, but at least one
     target must not (else a mean over no positions gives 0 / 0 = NaN).
@@ -122,13 +124,17 @@ def check_id_values(*ranges: IdRange) -> None:
     stats = []
     for r in ranges:
         v = r.values
+        if v.numel() == 0:
+            raise ValueError(f"{r.name} of shape {tuple(v.shape)} holds no values")
         if r.ignore_index is not None:
             kept = v != r.ignore_index
             stats.append(kept.any().long())
             v = v.masked_fill(~kept, 0)  # an ignored position counts as the valid id 0
         low, high = torch.aminmax(v)
         stats += [low.long(), high.long()]
-    found = torch.stack(stats).tolist()  # the one transfer to the host
+    # one transfer to the host for several tensors; for one tensor (a cached decoding step) two
+    # scalar reads cost less on a CPU than stacking them first
+    found = [t.item() for t in stats] if len(stats) == 2 else torch.stack(stats).tolist()
     i = 0
     for r in ranges:
         if r.ignore_index is not None:

@@ -420,7 +420,9 @@ def sequence_log_prob(model: nn.Module, src: Tensor, tgt_out: Tensor, src_mask: 
         raise ValueError(f"tgt_out must be ids (B, T) for the B={got} examples of src, "
                          f"got shape {tuple(tgt_out.shape)}")
     check_special_ids(model, {"bos_id": bos_id, "pad_id": pad_id})
-    check_id_values(IdRange("tgt_out", tgt_out, model.cfg.vocab_size))
+    vocab_size = getattr(getattr(model, "cfg", None), "vocab_size", None)
+    if vocab_size is not None:
+        check_id_values(IdRange("tgt_out", tgt_out, vocab_size))
     was_training = model.training
     model.eval()
     try:
