@@ -610,7 +610,10 @@ def _llama_like_config(hf: dict) -> ModelConfig:
 _LLAMA_READ = {"vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                "head_dim", "intermediate_size", "max_position_embeddings", "rms_norm_eps", "hidden_act",
                "rope_theta", "rope_parameters", "tie_word_embeddings"}
-_LLAMA_IGNORED = _DROPOUTS | _ROPE_IGNORED
+_LLAMA_IGNORED = _DROPOUTS | _ROPE_IGNORED | {
+    "rope_interleaved": "which dimensions RoPE rotates together, not a parameter (SmolLM2's config says false)",
+    "is_llama_config": "a flag of the nanotron trainer (SmolLM2) saying the file describes a LLaMA",
+}
 
 
 def _llama_fields(read=(), ignored=None, required=None) -> dict:

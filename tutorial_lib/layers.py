@@ -126,8 +126,9 @@ class Residual(nn.Module):
 def refuse_unbuilt_parts(cfg: ModelConfig, what: str) -> None:
     """Raise ValueError when ``cfg`` asks for a part that ``what`` would need but this package
     does not build: Qwen3's query/key norm and DeepSeek's latent attention (layers), BERT's
-    token-type table and embedding norm (embeddings), BERT's pooler (encoder). ModelConfig describes them so that tutorial_lib.params can count published
-    models; a model built without them would silently be a different one."""
+    token-type table and embedding norm (embeddings), BERT's pooler (encoder). ModelConfig
+    describes them so that tutorial_lib.params can count published models; a model built
+    without them would silently be a different one."""
     missing = []
     if what == "encoder" and cfg.pooler:
         missing.append("pooler=True (BERT's dense + tanh layer over the first position)")
