@@ -145,7 +145,8 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor |
     paths agree to the rounding of the output dtype.
     """
     check_attention_inputs(q, k, v, mask, bias)
-    check_number("dropout_p", dropout_p, low=0.0, high=1.0, high_open=True)
+    if dropout_p != 0.0:  # the usual value costs one comparison
+        check_number("dropout_p", dropout_p, low=0.0, high=1.0, high_open=True)
     autocast_dtype = _autocast_dtype(q.device)
     out_dtype = autocast_dtype or q.dtype
     # under autocast, switch it off here: it would run the products below in its low precision
@@ -181,7 +182,8 @@ def fused_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
     only overwritten in the output still flows into the gradients of the backward pass.
     """
     check_attention_inputs(q, k, v, mask, bias)
-    check_number("dropout_p", dropout_p, low=0.0, high=1.0, high_open=True)
+    if dropout_p != 0.0:  # the usual value costs one comparison
+        check_number("dropout_p", dropout_p, low=0.0, high=1.0, high_open=True)
     T, S = q.size(-2), k.size(-2)
     if is_causal and T == 1:
         is_causal = False  # one query, the newest position: it may see every key (cached decoding)

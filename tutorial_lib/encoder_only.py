@@ -105,7 +105,7 @@ class EncoderBackbone(nn.Module):
 
     def forward(self, inputs: Tensor, *, lengths: Tensor | None = None, need_weights: bool = False,
                 check_values: bool = True) -> Encoded:
-        """``check_values=False``: the caller has already checked the range of the token ids."""
+        """``check_values=False``: the caller has already checked the token ids (shape, dtype, range)."""
         x = self._vectors(inputs, check_values)  # (B, T, d)
         keep = self.keep(inputs, lengths)  # (B, T)
         out = self.encoder(x, keep[:, None, None, :], need_weights=need_weights)  # mask (B, 1, 1, S)

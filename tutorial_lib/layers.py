@@ -271,12 +271,11 @@ class Embeddings(nn.Module):
 
     def forward(self, ids: Tensor, offset: int = 0, *, name: str = "ids", check_values: bool = True) -> Tensor:
         """ids (B, T) -> (B, T, d). ``name`` is the caller's name for the ids, used in errors;
-        ``check_values=False`` when the caller has already checked their range."""
+        ``check_values=False`` when the caller has already checked them (shape, dtype, range)."""
         if self.tokens is None:
             raise ValueError("these embeddings have no token table (vocab_size=0); use add_positions")
-        check_id_tensor(name, ids)
         if check_values:
-            check_id_values(IdRange(name, ids, self.vocab_size))
+            check_id_values(IdRange(name, check_id_tensor(name, ids), self.vocab_size))
         return self.add_positions(self.tokens(ids) * self.scale, offset, name=name)  # (B, T, d)
 
 
