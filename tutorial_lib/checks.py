@@ -92,7 +92,6 @@ class IdRange(NamedTuple):
     values: Tensor
     size: int  # vocabulary size, or number of classes
     ignore_index: int | None = None  # for targets: the value that marks "no target here"
-    what: str = "ids"  # what the values are, for the message ("class ids")
 
 
 def _out_of_range(r: IdRange) -> str:
@@ -107,7 +106,7 @@ def _out_of_range(r: IdRange) -> str:
     more = f" and {len(offending) - 8} more" if len(offending) > 8 else ""
     allowed = f"[0, {r.size - 1}]"
     if r.ignore_index is None:
-        return (f"{r.name} must hold {r.what} in {allowed} (size {r.size}); it holds {shown}{more}, "
+        return (f"{r.name} must hold ids in {allowed} (size {r.size}); it holds {shown}{more}, "
                 f"first at {r.name}[{', '.join(map(str, first))}]")
     return (f"{r.name} must hold class ids in {allowed} (size {r.size}) or ignore_index={r.ignore_index} "
             f"(positions without a target); it holds {shown}{more}, first at "

@@ -273,7 +273,8 @@ class SequenceClassifier(nn.Module):
 
     def forward(self, inputs: Tensor, labels: Tensor | None = None, *, lengths: Tensor | None = None,
                 need_weights: bool = False) -> EncoderOnlyOutput:
-        """inputs: ids (B, T) or frames (B, T, n_features); labels: (B,) class ids."""
+        """inputs: ids (B, T) or frames (B, T, n_features); labels: (B,) class ids (IGNORE_INDEX
+        leaves an example out of the loss, as in F.cross_entropy)."""
         ranges = []
         if self.backbone.frontend is None:
             ranges.append(IdRange("inputs", check_id_tensor("inputs", inputs), self.cfg.vocab_size))
@@ -282,12 +283,12 @@ class SequenceClassifier(nn.Module):
             if not isinstance(inputs, Tensor) or labels.size(0) != inputs.size(0):
                 got = inputs.size(0) if isinstance(inputs, Tensor) else "?"
                 raise ValueError(f"labels must have shape (B={got},), got {tuple(labels.shape)}")
-            ranges.append(IdRange("labels", labels, self.classifier.out_features, what="class ids"))
+            ranges.append(IdRange("labels", labels, self.classifier.out_features, IGNORE_INDEX))
         if ranges:
             check_id_values(*ranges)  # one host sync for ids and labels
         encoded = self.backbone(inputs, lengths=lengths, need_weights=need_weights, check_values=False)
         logits = self.classifier(self.dropout(self.pool(encoded)))  # (B, n_classes)
         loss = None
         if labels is not None:
-            loss = F.cross_entropy(logits.float(), labels)
+            loss = F.cross_entropy(logits.float(), labels, ignore_index=IGNORE_INDEX)
         return EncoderOnlyOutput(logits, loss, encoded.weights)
