@@ -162,6 +162,28 @@ def test_every_token_reaches_its_k_experts_even_when_all_pick_the_same_ones():
     assert expert_counts(out.routing.experts, 4).tolist() == [0, 20, 0, 20]
 
 
+def test_a_moe_model_trains_under_bf16_autocast():
+    """Under autocast the experts' outputs are bfloat16 while the output buffer is float32:
+    the scatter must convert (a GPU with bf16 trains the notebooks' models this way)."""
+    torch.manual_seed(0)
+    model = DecoderOnlyLM(dataclasses.replace(MOE, n_shared_experts=1, shared_expert_gate=True))
+    ids = torch.randint(0, 40, (2, 12))
+    reference = model(ids, ids)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(ids, ids)
+    (out.loss + 0.01 * out.aux_loss).backward()
+    assert abs(out.loss.item() - reference.loss.item()) < 0.05, "bf16 is close to float32"
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+
+
+def test_expert_counts_refuses_indices_outside_the_experts():
+    assert expert_counts(torch.tensor([[0, 2], [2, 1]]), 4).tolist() == [1, 1, 2, 0]
+    with pytest.raises(ValueError, match=r"must lie in \[0, 3\], got values from 0 to 4"):
+        expert_counts(torch.tensor([[0, 4]]), 4)
+    with pytest.raises(ValueError, match="integer tensor"):
+        expert_counts(torch.tensor([[0.0, 1.0]]), 4)
+
+
 def test_one_expert_chosen_with_weight_one_is_the_dense_ffn():
     cfg = dataclasses.replace(MOE, n_experts=1, experts_per_token=1)
     torch.manual_seed(0)

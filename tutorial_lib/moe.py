@@ -84,9 +84,9 @@ def load_balancing_loss(logits: Tensor, k: int) -> Tensor:
 
     f_i: the fraction of the N tokens that have expert i among their k choices (a count: no
     gradient flows through it); P_i: the router probability of expert i averaged over the
-    tokens. The product is smallest when both are spread evenly: perfectly balanced routing
-    (f_i = k / E, P_i = 1 / E) gives k, and sending every token to the same k experts with
-    certainty gives E. Gradient descent on it lowers the probability of over-used experts.
+    tokens. Balanced routing (f_i = k / E, P_i = 1 / E) gives k; sending every token to the
+    same k experts with certainty gives E. Its gradient lowers the router probability of the
+    experts that get more than their share of tokens, and raises the others'.
 
     This is ``transformers``' ``load_balancing_loss_func`` for one layer. For several layers
     that function pools the counts and probabilities of all layers before multiplying (equal
@@ -97,11 +97,20 @@ def load_balancing_loss(logits: Tensor, k: int) -> Tensor:
     E = logits.size(1)
     probs = logits.float().softmax(dim=-1)  # (N, E)
     chosen = probs.topk(k, dim=-1).indices  # (N, k)
-    counts = torch.zeros(E, device=logits.device).index_add_(0, chosen.flatten(), torch.ones(chosen.numel(),
-                                                                                            device=logits.device))
-    f = counts / logits.size(0)  # (E,) sums to k
+    f = expert_counts(chosen, E) / logits.size(0)  # (E,) sums to k
     P = probs.mean(dim=0)  # (E,) sums to 1
     return E * (f * P).sum()
+
+
+def expert_counts(experts: Tensor, n_experts: int) -> Tensor:
+    """How many (token, choice) assignments each expert got: a (n_experts,) int64 count from the
+    (N, k) expert indices of a :class:`Routing`. Sums to N * k."""
+    if not isinstance(experts, Tensor) or experts.is_floating_point() or experts.is_complex():
+        raise ValueError(f"experts must be an integer tensor of expert indices, got {experts!r:.80}")
+    if experts.numel() and not 0 <= int(experts.min()) <= int(experts.max()) < n_experts:
+        raise ValueError(f"expert indices must lie in [0, {n_experts - 1}], got values from {int(experts.min())} "
+                         f"to {int(experts.max())}")
+    return torch.bincount(experts.flatten(), minlength=n_experts)
 
 
 class MoEFeedForward(nn.Module):
@@ -111,8 +120,10 @@ class MoEFeedForward(nn.Module):
     config has them. (B, T, d) -> :class:`MoEOutput` (the output and the :class:`Routing`).
 
     ``n_shared_experts`` shared experts of width f are built as one FFN of width
-    ``n_shared_experts * f``: the sum of several gated FFNs applied to the same input equals
-    one FFN whose inner units are theirs side by side (the same parameters, the same output).
+    ``n_shared_experts * f``, as DeepSeek's code does: the sum of several FFNs applied to the
+    same input equals one FFN whose inner units are theirs side by side (without biases, the
+    same parameters and the same output; with biases the merged FFN has one output bias, not
+    one per shared expert).
     """
 
     def __init__(self, cfg: ModelConfig):
@@ -139,7 +150,7 @@ class MoEFeedForward(nn.Module):
             if token.numel() == 0:
                 continue
             y = expert(flat[token]) * weights[token, slot, None]  # gather, run, weight: (n_e, d)
-            out.index_add_(0, token, y)  # scatter-add back to the tokens' rows
+            out.index_add_(0, token, y.to(out.dtype))  # scatter-add back (under autocast y is 16-bit)
         if self.shared is not None:
             shared = self.shared(flat)  # (N, d)
             if self.shared_gate is not None:
@@ -174,9 +185,3 @@ def capture_routing(model: nn.Module) -> Iterator[dict[str, Routing]]:
     finally:
         for handle in handles:
             handle.remove()
-
-
-def expert_counts(experts: Tensor, n_experts: int) -> Tensor:
-    """How many (token, choice) assignments each expert got: a (n_experts,) int64 count from the
-    (N, k) indices of a :class:`Routing`. Sums to N * k."""
-    return torch.bincount(experts.flatten(), minlength=n_experts)
