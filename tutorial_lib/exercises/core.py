@@ -98,7 +98,11 @@ def _difference(got, expected) -> str:
             return f"expected shape {tuple(expected.shape)}, got {tuple(got.shape)}"
         if got.dtype != expected.dtype and torch.bool in (got.dtype, expected.dtype):
             return f"expected dtype {expected.dtype}, got {got.dtype}"
-        diff = (got.detach().double() - expected.detach().double()).abs()
+        g, e = got.detach().double(), expected.detach().double()
+        # equal infinities (a -inf logit in both) and NaN in both agree, as in same(); any other NaN
+        # difference counts as infinite, so the largest difference is always found
+        agree = (g == e) | (g.isnan() & e.isnan())
+        diff = torch.where(agree, torch.zeros_like(g), (g - e).abs().nan_to_num(nan=float("inf")))
         where = tuple(int(i) for i in torch.nonzero(diff == diff.max())[0])
         return f"largest difference {diff.max().item():.3g} at index {where}"
     return f"expected {_describe(expected)}, got {_describe(got)}"

@@ -8,7 +8,7 @@ from .core import Exercise, Mistake
 # ---- 07.block_parameters: one decoder block with grouped-query attention ---------------------
 
 
-def block_parameters(d_model, n_heads, n_kv_heads, d_ff, gated, bias):
+def block_count(d_model, n_heads, n_kv_heads, d_ff, gated, bias):
     """Q and O: d x d; K and V: d x (n_kv_heads * d_k); FFN: 2 or 3 matrices; two norms.
     bias=True: every projection has a bias and the norms are LayerNorms (scale and shift);
     bias=False: no biases and RMSNorms (scale only)."""
@@ -33,19 +33,19 @@ def _block_cases():
 
 
 def _block_ignores_gqa(d_model, n_heads, n_kv_heads, d_ff, gated, bias):
-    return block_parameters(d_model, n_heads, n_heads, d_ff, gated, bias)
+    return block_count(d_model, n_heads, n_heads, d_ff, gated, bias)
 
 
 def _block_no_gate(d_model, n_heads, n_kv_heads, d_ff, gated, bias):
-    return block_parameters(d_model, n_heads, n_kv_heads, d_ff, False, bias)
+    return block_count(d_model, n_heads, n_kv_heads, d_ff, False, bias)
 
 
 def _block_no_norms(d_model, n_heads, n_kv_heads, d_ff, gated, bias):
-    return block_parameters(d_model, n_heads, n_kv_heads, d_ff, gated, bias) - 2 * (2 * d_model if bias else d_model)
+    return block_count(d_model, n_heads, n_kv_heads, d_ff, gated, bias) - 2 * (2 * d_model if bias else d_model)
 
 
 def _block_norm_scale_only(d_model, n_heads, n_kv_heads, d_ff, gated, bias):
-    return block_parameters(d_model, n_heads, n_kv_heads, d_ff, gated, bias) - (2 * d_model if bias else 0)
+    return block_count(d_model, n_heads, n_kv_heads, d_ff, gated, bias) - (2 * d_model if bias else 0)
 
 
 # ---- 07.gpt_parameters: a whole GPT-2-shaped model ------------------------------------------------
@@ -82,7 +82,7 @@ def _gpt_no_final_norm(vocab_size, context, d_model, n_layers):
 # ---- 07.kv_cache_bytes ------------------------------------------------------------------------------
 
 
-def kv_cache_bytes(n_layers, batch, seq_len, n_heads, n_kv_heads, head_dim, bytes_per_value):
+def cache_bytes(n_layers, batch, seq_len, n_heads, n_kv_heads, head_dim, bytes_per_value):
     """Keys and values of n_kv_heads heads, per layer, position and sequence."""
     return 2 * n_layers * batch * seq_len * n_kv_heads * head_dim * bytes_per_value
 
@@ -96,15 +96,15 @@ def _kv_cases():
 
 
 def _kv_no_values(n_layers, batch, seq_len, n_heads, n_kv_heads, head_dim, bytes_per_value):
-    return kv_cache_bytes(n_layers, batch, seq_len, n_heads, n_kv_heads, head_dim, bytes_per_value) // 2
+    return cache_bytes(n_layers, batch, seq_len, n_heads, n_kv_heads, head_dim, bytes_per_value) // 2
 
 
 def _kv_query_heads(n_layers, batch, seq_len, n_heads, n_kv_heads, head_dim, bytes_per_value):
-    return kv_cache_bytes(n_layers, batch, seq_len, n_heads, n_heads, head_dim, bytes_per_value)
+    return cache_bytes(n_layers, batch, seq_len, n_heads, n_heads, head_dim, bytes_per_value)
 
 
 def _kv_one_layer(n_layers, batch, seq_len, n_heads, n_kv_heads, head_dim, bytes_per_value):
-    return kv_cache_bytes(1, batch, seq_len, n_heads, n_kv_heads, head_dim, bytes_per_value)
+    return cache_bytes(1, batch, seq_len, n_heads, n_kv_heads, head_dim, bytes_per_value)
 
 
 # ---- 07.training_flops ---------------------------------------------------------------------------
@@ -139,6 +139,10 @@ def _flops_no_attention(matrix_params, n_layers, context, d_attn):
     return 6 * matrix_params
 
 
+# Building a model (or a config) and letting the library or PyTorch count it hands in the answer.
+_COUNTERS = ("block_parameters", "expected_parameters", "count_parameters", "unique_parameter_count", "numel",
+             "from_hf_config", "ModelConfig")
+
 EXERCISES = [
     Exercise(
         name="07.block_parameters",
@@ -147,7 +151,8 @@ EXERCISES = [
              "2 matrices (3 when gated), biases on every projection and LayerNorms when bias=True, no "
              "biases and RMSNorms when bias=False.",
         cases=_block_cases,
-        reference=block_parameters,
+        reference=block_count,
+        forbidden=_COUNTERS,
         mistakes={
             "K and V counted with every query head": Mistake(
                 _block_ignores_gqa, "With grouped-query attention K and V have only n_kv_heads heads: "
@@ -170,6 +175,7 @@ EXERCISES = [
              "two LayerNorms, a final LayerNorm, and an output head tied to the token table.",
         cases=_gpt_cases,
         reference=gpt_parameters,
+        forbidden=_COUNTERS,
         mistakes={
             "counted the tied head twice": Mistake(
                 _gpt_head_twice, "The head is the token table itself (tied): its V x d entries are "
@@ -189,7 +195,8 @@ EXERCISES = [
         task="kv_cache_bytes(n_layers, batch, seq_len, n_heads, n_kv_heads, head_dim, bytes_per_value): "
              "the bytes of the key/value cache of a decoder-only model.",
         cases=_kv_cases,
-        reference=kv_cache_bytes,
+        reference=cache_bytes,
+        forbidden=("kv_cache_bytes", "KVCache", "nbytes", "new_cache"),
         mistakes={
             "forgot the values (or the keys)": Mistake(
                 _kv_no_values, "The cache holds keys and values: a factor of 2."),
@@ -208,6 +215,7 @@ EXERCISES = [
              "costs twice the forward.",
         cases=_flops_cases,
         reference=training_flops,
+        forbidden=("flops_per_token", "FlopCounterMode", "get_total_flops"),
         mistakes={
             "forward pass only": Mistake(
                 _flops_forward_only, "Training also runs the backward pass, about twice the forward "
