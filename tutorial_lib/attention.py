@@ -7,12 +7,15 @@ Two paths give the same numbers:
 * PyTorch's fused ``F.scaled_dot_product_attention``, the default inside
   :class:`MultiHeadAttention` because it is faster and needs less memory.
 
-Masks are boolean, ``True`` = may attend, broadcastable to (B, h, T, S). A query whose row
-allows no key at all gets an output of zeros (not NaN).
+Masks are boolean, ``True`` = may attend, of shape (T, S) (the same for every example and
+head) or 4-D, broadcastable to (B, h, T, S). A 3-D mask is refused: (B, T, S) would line its
+batch axis up with the heads. A query whose row allows no key at all gets an output of zeros
+and finite gradients (never NaN), on both paths.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import NamedTuple
 
@@ -37,10 +40,25 @@ def _shape(t: Tensor) -> tuple[int, ...]:
 def check_attention_inputs(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
                            bias: Tensor | None = None) -> None:
     """Raise ``ValueError`` unless q (B, h, T, d_k), k and v (B, h_kv, S, d_k) and the mask
-    and bias fit together."""
+    and bias fit together. Only shapes, dtypes and devices are read (no tensor data).
+
+    The mask and the bias are 2-D (T, S), shared by every example and head, or 4-D,
+    broadcastable to (B, h, T, S). A 3-D one is refused: broadcasting would line up its first
+    axis with the heads, so a (B, T, S) mask with B == h would silently give example b's mask
+    to head b. A 2-D mask is always read as (T, S); a (B, S) key-padding mask needs
+    ``mask[:, None, None, :]``.
+    """
     for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, Tensor):
+            raise ValueError(f"{name} must be a tensor (B, heads, length, d_k), got {type(t).__name__}")
         if t.dim() != 4:
             raise ValueError(f"{name} must have 4 dimensions (B, heads, length, d_k), got shape {_shape(t)}")
+        if not t.is_floating_point():
+            raise ValueError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"q, k and v must have one dtype, got {q.dtype}, {k.dtype} and {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k and v must be on one device, got {q.device}, {k.device} and {v.device}")
     (B, h, T, d_q), (B_k, h_k, S, d_k), (B_v, h_v, S_v, _) = q.shape, k.shape, v.shape
     if not (B == B_k == B_v):
         raise ValueError(f"batch sizes differ: q {B}, k {B_k}, v {B_v}")
@@ -56,6 +74,8 @@ def check_attention_inputs(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None 
     for name, m in (("mask", mask), ("bias", bias)):
         if m is None:
             continue
+        if not isinstance(m, Tensor):
+            raise ValueError(f"{name} must be a tensor, got {type(m).__name__}")
         if name == "mask" and m.dtype != torch.bool:
             raise ValueError(
                 f"mask must be boolean (True = may attend), got dtype {m.dtype}; "
@@ -63,12 +83,24 @@ def check_attention_inputs(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None 
             )
         if name == "bias" and not m.is_floating_point():
             raise ValueError(f"bias must be a floating-point tensor, got dtype {m.dtype}")
+        if m.device != q.device:
+            raise ValueError(f"{name} is on {m.device} but q is on {q.device}; move it with .to(q.device)")
+        if m.dim() == 3:
+            raise ValueError(
+                f"a 3-D {name} of shape {_shape(m)} is ambiguous: its first axis would be read as heads. "
+                f"Add the head axis for a per-example {name} (B, T, S): {name}[:, None] gives (B, 1, T, S); "
+                f"add the batch axis for a per-head one (h, T, S): {name}[None] gives (1, h, T, S)"
+            )
         try:
             broadcast = torch.broadcast_shapes(m.shape, target)
         except RuntimeError:
             broadcast = None
-        if m.dim() > 4 or broadcast != target:
-            raise ValueError(f"{name} of shape {_shape(m)} does not broadcast to (B, h, T, S) = {target}")
+        if m.dim() not in (2, 4) or broadcast != target:
+            hint = ""
+            if m.dim() == 2 and m.shape != (T, S) and m.size(0) == B:
+                hint = f"; a 2-D {name} is read as (T, S): a (B, S) key-padding mask needs {name}[:, None, None, :]"
+            raise ValueError(f"{name} of shape {_shape(m)} does not broadcast to (B, h, T, S) = {target}; "
+                             f"expected (T, S) = {(T, S)} or a 4-D {name}{hint}")
 
 
 def repeat_kv(x: Tensor, n_rep: int) -> Tensor:
@@ -77,32 +109,57 @@ def repeat_kv(x: Tensor, n_rep: int) -> Tensor:
     return x if n_rep == 1 else x.repeat_interleave(n_rep, dim=1)
 
 
+def _autocast_dtype(device: torch.device) -> torch.dtype | None:
+    """The dtype autocast runs matrix products in on this device, or None outside autocast."""
+    if device.type in ("cpu", "cuda") and torch.is_autocast_enabled(device.type):
+        return torch.get_autocast_dtype(device.type)
+    return None
+
+
+def empty_rows(mask: Tensor) -> Tensor:
+    """(..., T, 1): True for the query rows of ``mask`` (..., T, S) that allow no key."""
+    return ~mask.any(dim=-1, keepdim=True)
+
+
 def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, *,
                                  bias: Tensor | None = None, dropout_p: float = 0.0) -> AttentionOutput:
     """softmax(q k^T / sqrt(d_k) + bias, masked) v, written out. Returns (out, weights).
 
     q: (B, h, T, d_k); k, v: (B, h_kv, S, d_k) with h a multiple of h_kv; mask: boolean,
-    True = may attend, broadcastable to (B, h, T, S); bias: an additive float term with the
-    same broadcasting (ALiBi, relative positions). The returned weights are before dropout.
+    True = may attend, (T, S) or 4-D broadcastable to (B, h, T, S); bias: an additive float
+    term with the same shapes (ALiBi, relative positions). The returned weights are before
+    dropout. A query row with no allowed key gets weights 0, output 0 and finite gradients.
+
+    Precision: the scores, the softmax and the weighted sum run in float32 whatever the input
+    dtype, and the results are cast back to it (bf16 or fp16 inputs, or the autocast dtype
+    under ``torch.autocast``, whose inputs are rounded to that dtype first, as autocast does
+    for a matrix product). PyTorch's fused kernels also accumulate in float32, so the two
+    paths agree to the rounding of the output dtype.
     """
     check_attention_inputs(q, k, v, mask, bias)
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"dropout_p must lie in [0, 1), got {dropout_p}")
-    n_rep = q.size(1) // k.size(1)
-    k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)  # (B, h, S, d_k)
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, h, T, S)
-    if bias is not None:
-        scores = scores + bias
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-        # A row with no allowed key would be softmax(all -inf) = NaN. Give it finite scores;
-        # its weights are zeroed below, so its output is 0.
-        scores = scores.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)
-    weights = scores.softmax(dim=-1)
-    if mask is not None:
-        weights = weights.masked_fill(~mask, 0.0)  # exact zeros at masked keys and empty rows
-    dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
-    return AttentionOutput(dropped @ v, weights)  # (B, h, T, d_k), (B, h, T, S)
+    autocast_dtype = _autocast_dtype(q.device)
+    out_dtype = autocast_dtype or q.dtype
+    # under autocast, switch it off here: it would run the products below in its low precision
+    with contextlib.nullcontext() if autocast_dtype is None else torch.autocast(q.device.type, enabled=False):
+        q, k, v = (t.to(out_dtype).float() for t in (q, k, v))  # round as autocast would, then float32
+        n_rep = q.size(1) // k.size(1)
+        k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)  # (B, h, S, d_k)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))  # (B, h, T, S), float32
+        if bias is not None:
+            scores = scores + bias.float()
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+            # A row with no allowed key would be softmax(all -inf) = NaN. Give it finite scores;
+            # its weights are zeroed below, so its output is 0 and no NaN flows backwards.
+            scores = scores.masked_fill(empty_rows(mask), 0.0)
+        weights = scores.softmax(dim=-1)
+        if mask is not None:
+            weights = weights.masked_fill(~mask, 0.0)  # exact zeros at masked keys and empty rows
+        dropped = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
+        out = dropped @ v  # (B, h, T, d_k), float32
+    return AttentionOutput(out.to(out_dtype), weights.to(out_dtype))  # (B, h, T, d_k), (B, h, T, S)
 
 
 def fused_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, *,
@@ -111,9 +168,14 @@ def fused_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
     """The same computation through ``torch.nn.functional.scaled_dot_product_attention``.
 
     ``is_causal`` asks for the causal mask of a square (T == S) problem without building it.
-    Rows with no allowed key return zeros, as in the written-out version.
+    Rows with no allowed key return zeros, as in the written-out version. The mask is made
+    safe *before* the kernel (an empty row may attend to every key, and its output is zeroed
+    afterwards), because some kernels return NaN for an all-blocked row, and a NaN that is
+    only overwritten in the output still flows into the gradients of the backward pass.
     """
     check_attention_inputs(q, k, v, mask, bias)
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must lie in [0, 1), got {dropout_p}")
     T, S = q.size(-2), k.size(-2)
     if is_causal and T == 1:
         is_causal = False  # one query, the newest position: it may see every key (cached decoding)
@@ -122,15 +184,18 @@ def fused_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
         # keys are cached (S > T), and it cannot be combined with a mask. Build it instead.
         mask = combine(mask, causal_mask(T, S, device=q.device))
         is_causal = False
-    attn_mask = mask
-    if bias is not None:
-        attn_mask = bias.to(q.dtype) if mask is None else bias.to(q.dtype).masked_fill(~mask, float("-inf"))
+    empty = None
+    attn_mask = None if bias is None else bias.to(q.dtype)
+    if mask is not None:
+        empty = empty_rows(mask)  # (..., T, 1)
+        safe = mask | empty  # an empty row attends everywhere; its output is zeroed below
+        attn_mask = safe if bias is None else attn_mask.masked_fill(~safe, float("-inf"))
     out = F.scaled_dot_product_attention(
         q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
         enable_gqa=q.size(1) != k.size(1),
     )
-    if mask is not None:
-        out = out.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)  # empty rows: 0, never NaN
+    if empty is not None:
+        out = out.masked_fill(empty, 0.0)  # empty rows: 0, and a zero gradient into the kernel
     return out  # (B, h, T, d_k)
 
 

@@ -27,13 +27,36 @@ class ModelConfig:
     d_ff defaults to 4 * d_model. ``bias`` switches every bias; ``qkv_bias``, ``out_bias``,
     ``ffn_bias`` and ``norm_bias`` override it for one part.
 
+    ``positions="relative"`` is T5's learned relative-position bias: one table of
+    ``relative_buckets`` x ``n_heads`` per self-attention stack, shared by its layers
+    (:class:`tutorial_lib.positions.RelativePositionBias`). T5 itself also leaves out the
+    1/sqrt(d_k) of attention; tutorial_lib keeps it (T5's W_Q times sqrt(d_k) gives the same
+    scores).
+
     A few fields describe parts of published models that :mod:`tutorial_lib.params` counts but
     this package does not build: BERT's token-type table, embedding norm and pooler
-    (``family="encoder"`` only), and T5's learned relative-position bias (``positions=
-    "relative"``: one table of ``relative_buckets`` x ``n_heads`` per self-attention stack,
-    shared by its layers). ``Embeddings`` and the attention layers refuse a config that asks
-    for them, rather than silently leaving them out; there is no encoder-only model to build
-    a pooler.
+    (``family="encoder"`` only). ``Embeddings`` and ``Encoder`` refuse a config that asks for
+    them, rather than silently leaving them out; there is no encoder-only model to build a
+    pooler.
+
+    Mixtures of experts (decoder-only; built by :mod:`tutorial_lib.moe`): with ``n_experts > 0``
+    every layer not in ``dense_layers`` replaces its feed-forward network by ``n_experts``
+    routed experts of inner width ``expert_d_ff`` (default d_ff), of which each token uses
+    ``experts_per_token``, plus ``n_shared_experts`` of width ``shared_d_ff`` that every token
+    uses (scaled by a sigmoid gate when ``shared_expert_gate``). ``renormalise_topk``: the k
+    chosen router probabilities are divided by their sum (Mixtral); otherwise they keep the
+    values of the softmax over all experts (Qwen1.5-MoE, DeepSeek-V2). Layers in
+    ``dense_layers`` keep a dense FFN of width d_ff.
+
+    Two more attention variants are counted but not built: ``qk_norm`` (an RMSNorm over each
+    head's queries and keys, one weight vector of d_k shared by the heads, as in Qwen3) and
+    multi-head latent attention (DeepSeek-V2/V3), switched on by ``kv_lora_rank``: keys and
+    values are rebuilt per head from one compressed latent of ``kv_lora_rank`` values per
+    token, queries from one of ``q_lora_rank`` (None: a full-rank W_Q), and each query and
+    key head adds ``rope_head_dim`` rotary dimensions (the key's shared by all heads) to its
+    ``head_dim`` plain ones; value heads are ``v_head_dim`` wide (default head_dim).
+    ``mtp_modules`` counts DeepSeek-V3's multi-token-prediction modules, which sit outside
+    the model that predicts the next token (see :func:`tutorial_lib.params.mtp_parameters`).
     """
 
     family: str = "decoder"
@@ -69,7 +92,23 @@ class ModelConfig:
     embedding_norm: bool = False  # a norm over the summed embeddings (BERT)
     pooler: bool = False  # BERT's dense + tanh layer over the first position
     relative_buckets: int = 32  # positions="relative" (T5): buckets of relative distance
-    relative_max_distance: int = 128  # ... the distance where the last bucket starts
+    relative_max_distance: int = 128  # ... distances from this one on share the last bucket
+    # mixture of experts (see the class docstring); n_experts=0: a dense FFN in every layer
+    n_experts: int = 0  # routed experts per MoE layer
+    experts_per_token: int = 2  # k: the routed experts each token goes to
+    expert_d_ff: int | None = None  # inner width of one routed expert; None: d_ff
+    n_shared_experts: int = 0  # experts every token goes to, besides its k routed ones
+    shared_d_ff: int | None = None  # inner width of one shared expert; None: expert_d_ff
+    shared_expert_gate: bool = False  # Qwen2-MoE: sigmoid(w . x) scales the shared experts' output
+    renormalise_topk: bool = True  # the k chosen router probabilities divided by their sum
+    dense_layers: tuple[int, ...] = ()  # layers (0-based) that keep a dense FFN of width d_ff
+    # counted by tutorial_lib.params, not built (see the class docstring)
+    qk_norm: bool = False  # Qwen3: RMSNorm over each head's queries and keys
+    kv_lora_rank: int | None = None  # multi-head latent attention: width of the key/value latent
+    q_lora_rank: int | None = None  # ... width of the query latent; None: a full-rank W_Q
+    rope_head_dim: int = 0  # ... rotary dimensions added to each query and key head
+    v_head_dim: int | None = None  # ... width of a value head; None: head_dim
+    mtp_modules: int = 0  # DeepSeek-V3's multi-token-prediction modules (outside the total)
     # initialisation (see tutorial_lib.layers.init_weights)
     init_std: float = 0.02
     qk_gain: float = 1.0  # multiplies the initial W_Q and W_K
@@ -102,7 +141,7 @@ class ModelConfig:
                              "or give head_dim explicitly")
         if self.n_heads % self.kv_heads:
             raise ValueError(f"n_heads ({self.n_heads}) must be divisible by n_kv_heads ({self.kv_heads})")
-        if self.positions == "rope" and self.d_k % 2:
+        if self.positions == "rope" and self.kv_lora_rank is None and self.d_k % 2:
             raise ValueError(f"RoPE needs an even head width, got d_k = {self.d_k}")
         if self.positions == "sinusoidal" and self.d_model % 2:
             raise ValueError(f"sinusoidal positions need an even d_model, got {self.d_model}")
@@ -126,6 +165,76 @@ class ModelConfig:
         if self.share_embeddings and self.src_vocab_size not in (None, self.vocab_size):
             raise ValueError("shared embeddings need one vocabulary: src_vocab_size "
                              f"{self.src_vocab_size} != vocab_size {self.vocab_size}")
+        self._check_experts()
+        self._check_latent_attention()
+
+    def _check_experts(self) -> None:
+        def count(name):  # an int >= 0
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+
+        count("n_experts")
+        count("n_shared_experts")
+        count("mtp_modules")
+        for name in ("expert_d_ff", "shared_d_ff"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be a positive int or None, got {value!r}")
+        if isinstance(self.dense_layers, (list, range)):  # from JSON or from_dict: keep the field hashable
+            object.__setattr__(self, "dense_layers", tuple(self.dense_layers))
+        if not isinstance(self.dense_layers, tuple) or not all(
+                isinstance(i, int) and not isinstance(i, bool) for i in self.dense_layers):
+            raise ValueError(f"dense_layers must be a tuple of layer indices, got {self.dense_layers!r}")
+        if self.n_experts == 0:
+            asked = [name for name in ("n_shared_experts", "expert_d_ff", "shared_d_ff", "shared_expert_gate",
+                                       "dense_layers") if getattr(self, name)]
+            if asked:
+                raise ValueError(f"{', '.join(asked)} describe a mixture of experts, but n_experts=0; "
+                                 "give n_experts, the number of routed experts")
+            return
+        if self.family != "decoder":
+            raise ValueError(f"mixtures of experts are built for decoder-only models (family='decoder'), "
+                             f"got family={self.family!r}")
+        k = self.experts_per_token
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= self.n_experts:
+            raise ValueError(f"experts_per_token must be an int in [1, n_experts={self.n_experts}], got {k!r}")
+        if self.shared_expert_gate and not self.n_shared_experts:
+            raise ValueError("shared_expert_gate scales the shared experts, but n_shared_experts=0")
+        if self.shared_d_ff is not None and not self.n_shared_experts:
+            raise ValueError("shared_d_ff is the width of a shared expert, but n_shared_experts=0")
+        bad = [i for i in self.dense_layers if not 0 <= i < self.n_layers]
+        if bad or len(set(self.dense_layers)) != len(self.dense_layers):
+            raise ValueError(f"dense_layers must hold distinct layer indices in [0, {self.n_layers - 1}], "
+                             f"got {self.dense_layers}")
+        if len(self.dense_layers) == self.n_layers:
+            raise ValueError(f"dense_layers lists all {self.n_layers} layers, which leaves no mixture of experts; "
+                             "for a dense model set n_experts=0")
+
+    def _check_latent_attention(self) -> None:
+        if self.qk_norm and self.family != "decoder":
+            raise ValueError(f"qk_norm is counted for decoder-only models, not family={self.family!r}")
+        if self.kv_lora_rank is None:
+            if self.q_lora_rank is not None or self.rope_head_dim or self.v_head_dim is not None:
+                raise ValueError("q_lora_rank, rope_head_dim and v_head_dim describe multi-head latent "
+                                 "attention; give kv_lora_rank as well")
+            return
+        for name in ("kv_lora_rank", "q_lora_rank", "v_head_dim"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        r = self.rope_head_dim
+        if isinstance(r, bool) or not isinstance(r, int) or r < 0 or r % 2:
+            raise ValueError(f"rope_head_dim must be an even int >= 0, got {r!r}")
+        if self.family != "decoder" or self.positions != "rope":
+            raise ValueError("multi-head latent attention (kv_lora_rank) is counted for decoder-only models "
+                             f"with positions='rope', got family={self.family!r}, positions={self.positions!r}")
+        if self.kv_heads != self.n_heads:
+            raise ValueError("multi-head latent attention rebuilds keys and values for every head: leave "
+                             f"n_kv_heads unset (got {self.n_kv_heads} for {self.n_heads} heads)")
+        if self.uses_bias("qkv") or self.uses_bias("out"):
+            raise ValueError("multi-head latent attention is counted without attention biases: set "
+                             "qkv_bias=False and out_bias=False")
 
     # ---- resolved values ------------------------------------------------------------------
     @property
@@ -147,6 +256,33 @@ class ModelConfig:
     def gated(self) -> bool:
         """SwiGLU and GeGLU (exact or tanh GELU) have three matrices (gate, up, down), not two."""
         return self.ffn in GATED_FFNS
+
+    @property
+    def expert_dim(self) -> int:
+        """Inner width of one routed expert."""
+        return self.ffn_dim if self.expert_d_ff is None else self.expert_d_ff
+
+    @property
+    def shared_dim(self) -> int:
+        """Inner width of one shared expert."""
+        return self.expert_dim if self.shared_d_ff is None else self.shared_d_ff
+
+    @property
+    def moe_layers(self) -> tuple[int, ...]:
+        """The layers whose feed-forward network is a mixture of experts (none for a dense model)."""
+        if not self.n_experts:
+            return ()
+        return tuple(i for i in range(self.n_layers) if i not in self.dense_layers)
+
+    @property
+    def latent_attention(self) -> bool:
+        """Multi-head latent attention (DeepSeek-V2/V3) instead of (grouped-query) attention."""
+        return self.kv_lora_rank is not None
+
+    @property
+    def value_dim(self) -> int:
+        """Width of one value head: v_head_dim under latent attention, else d_k."""
+        return self.d_k if self.v_head_dim is None else self.v_head_dim
 
     @property
     def has_final_norm(self) -> bool:
@@ -254,10 +390,33 @@ TRANSFORMER_BASE = ModelConfig(
 )  # max_len changes no parameter here: the sinusoidal table is computed, not learned
 TRANSFORMER_BIG = replace(TRANSFORMER_BASE, d_model=1024, n_heads=16, d_ff=4096, dropout=0.3)
 
+# ---- mixtures of experts (counted in notebook 07; each is what from_hf_config reads) -----------
+
+# Mixtral-8x7B-v0.1 (Jiang et al., 2024; "mistralai/Mixtral-8x7B-v0.1" config.json): Mistral-7B's
+# attention, and in every layer 8 SwiGLU experts of Mistral's width, 2 per token.
+MIXTRAL_8X7B = replace(MISTRAL_7B, rope_base=1e6, n_experts=8, experts_per_token=2)
+
+# Qwen3-30B-A3B ("Qwen/Qwen3-30B-A3B" config.json): 128 narrow experts, 8 per token, no shared one.
+QWEN3_30B_A3B = ModelConfig(
+    family="decoder", vocab_size=151936, d_model=2048, n_layers=48, n_heads=32, n_kv_heads=4, head_dim=128,
+    d_ff=6144, max_len=40960, norm="rmsnorm", norm_eps=1e-6, ffn="swiglu", positions="rope", rope_base=1e6,
+    bias=False, tie_embeddings=False, n_experts=128, experts_per_token=8, expert_d_ff=768, qk_norm=True,
+)
+
+# DeepSeek-V3 (DeepSeek-AI, 2024; "deepseek-ai/DeepSeek-V3" config.json): multi-head latent
+# attention, 3 dense layers, then 256 routed experts (8 per token) and 1 shared in each layer.
+DEEPSEEK_V3 = ModelConfig(
+    family="decoder", vocab_size=129280, d_model=7168, n_layers=61, n_heads=128, head_dim=128, d_ff=18432,
+    max_len=163840, norm="rmsnorm", norm_eps=1e-6, ffn="swiglu", positions="rope", rope_base=10000.0, bias=False,
+    tie_embeddings=False, n_experts=256, experts_per_token=8, expert_d_ff=2048, n_shared_experts=1,
+    dense_layers=(0, 1, 2), kv_lora_rank=512, q_lora_rank=1536, rope_head_dim=64, v_head_dim=128, mtp_modules=1,
+)
+
 PRESETS = {"gpt-tiny": GPT_TINY, "llama-tiny": LLAMA_TINY, "gpt2-small": GPT2_SMALL,
            "llama2-7b": LLAMA2_7B, "llama2-13b": LLAMA2_13B, "llama2-70b": LLAMA2_70B,
            "mistral-7b": MISTRAL_7B, "bert-base": BERT_BASE, "t5-small": T5_SMALL,
-           "transformer-base": TRANSFORMER_BASE, "transformer-big": TRANSFORMER_BIG}
+           "transformer-base": TRANSFORMER_BASE, "transformer-big": TRANSFORMER_BIG,
+           "mixtral-8x7b": MIXTRAL_8X7B, "qwen3-30b-a3b": QWEN3_30B_A3B, "deepseek-v3": DEEPSEEK_V3}
 
 
 def preset(name: str, **changes) -> ModelConfig:
@@ -305,7 +464,6 @@ _HF_REQUIRED_COMMON = {
 
 # Model types close to supported ones, with what keeps them out.
 _UNSUPPORTED_TYPES = {
-    "mixtral": "a mixture of experts", "qwen2_moe": "a mixture of experts",
     "gemma2": "four norms per layer (around both sublayers) and logit soft-capping",
     "qwen3": "an RMSNorm on each head's queries and keys (q_norm, k_norm)",
 }
@@ -390,6 +548,10 @@ _LLAMA_LIKE = {
     # Gemma's released configs say "gelu" but mean the tanh approximation; transformers reads
     # it that way too (GemmaConfig replaces it with "gelu_pytorch_tanh").
     "gemma": ("hidden_act", {"gelu": "geglu_tanh", "gelu_pytorch_tanh": "geglu_tanh"}, True),
+    # mixtures of experts whose attention, norms and embeddings are the family's (read below)
+    "mixtral": ("hidden_act", {"silu": "swiglu"}, False),
+    "qwen2_moe": ("hidden_act", {"silu": "swiglu"}, False),
+    "qwen3_moe": ("hidden_act", {"silu": "swiglu"}, False),
 }
 
 
@@ -406,6 +568,8 @@ def _llama_like_config(hf: dict) -> ModelConfig:
         head_dim = None  # the default, d / h
     if model_type == "qwen2":  # Qwen2 always has biases on Q, K and V, and none on O
         qkv_bias, out_bias = True, False
+    elif model_type == "qwen2_moe":  # ... and Qwen2-MoE unless qkv_bias says otherwise
+        qkv_bias, out_bias = bool(hf.get("qkv_bias", True)), False
     else:
         qkv_bias = out_bias = bool(hf.get("attention_bias", False))
     return ModelConfig(
@@ -423,7 +587,10 @@ def _llama_like_config(hf: dict) -> ModelConfig:
 _LLAMA_READ = {"vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                "head_dim", "intermediate_size", "max_position_embeddings", "rms_norm_eps", "hidden_act",
                "rope_theta", "rope_parameters", "tie_word_embeddings"}
-_LLAMA_IGNORED = _DROPOUTS | _ROPE_IGNORED
+_LLAMA_IGNORED = _DROPOUTS | _ROPE_IGNORED | {
+    "rope_interleaved": "which dimensions RoPE rotates together, not a parameter (SmolLM2's config says false)",
+    "is_llama_config": "a flag of the nanotron trainer (SmolLM2) saying the file describes a LLaMA",
+}
 
 
 def _llama_fields(read=(), ignored=None, required=None) -> dict:
@@ -489,6 +656,104 @@ _T5_FIELDS = {
     "required": {"is_decoder": ((False, None), "T5ForConditionalGeneration has both stacks")},
 }
 
+# ---- mixtures of experts ----------------------------------------------------------------------
+
+_ROUTER_IGNORED = {
+    "output_router_logits": "whether the model returns its router logits, not a parameter",
+    "router_aux_loss_coef": "the weight of the load-balancing loss in training, not a parameter",
+    "router_jitter_noise": "noise on the router's input during training, not a parameter",
+}
+
+
+def _mixtral_config(hf: dict) -> ModelConfig:
+    """Mixtral: Mistral's attention; every layer's FFN is num_local_experts experts of width
+    intermediate_size, each token going to num_experts_per_tok of them (renormalised)."""
+    get = lambda key: _hf_get(hf, key, "mixtral")
+    return replace(_llama_like_config(hf), n_experts=get("num_local_experts"),
+                   experts_per_token=get("num_experts_per_tok"))
+
+
+def _qwen_moe_config(hf: dict) -> ModelConfig:
+    """Qwen2-MoE (Qwen1.5-MoE) and Qwen3-MoE: experts of width moe_intermediate_size; Qwen2-MoE
+    adds one shared expert of width shared_expert_intermediate_size behind a sigmoid gate, Qwen3
+    an RMSNorm on each head's queries and keys. A layer keeps a dense FFN of width
+    intermediate_size when it is in mlp_only_layers or when (layer + 1) is not a multiple of
+    decoder_sparse_step (transformers' rule)."""
+    model_type = hf["model_type"]
+    get = lambda key: _hf_get(hf, key, model_type)
+    n_experts = hf.get("num_experts") or get("num_local_experts")  # Qwen3-MoE: either name
+    step, only_mlp = hf.get("decoder_sparse_step", 1), set(hf.get("mlp_only_layers") or ())
+    n_layers = get("num_hidden_layers")
+    dense = tuple(i for i in range(n_layers) if i in only_mlp or (i + 1) % step)
+    shared = {}
+    if model_type == "qwen2_moe":
+        shared = dict(n_shared_experts=1, shared_d_ff=get("shared_expert_intermediate_size"), shared_expert_gate=True)
+    return replace(_llama_like_config(hf), n_experts=n_experts, experts_per_token=get("num_experts_per_tok"),
+                   expert_d_ff=get("moe_intermediate_size"), renormalise_topk=bool(hf.get("norm_topk_prob", False)),
+                   dense_layers=dense, qk_norm=model_type == "qwen3_moe", **shared)
+
+
+def _deepseek_config(hf: dict) -> ModelConfig:
+    """DeepSeek-V2 and -V3: multi-head latent attention; the first first_k_dense_replace layers
+    keep a dense FFN of width intermediate_size, the others have n_routed_experts experts of
+    width moe_intermediate_size plus n_shared_experts shared ones of the same width."""
+    model_type = hf["model_type"]
+    get = lambda key: _hf_get(hf, key, model_type)
+    act = hf.get("hidden_act", "silu")
+    if act != "silu":
+        raise ValueError(f"unsupported {model_type} hidden_act {act!r}; expected 'silu'")
+    return ModelConfig(
+        family="decoder", vocab_size=get("vocab_size"), d_model=get("hidden_size"), n_layers=get("num_hidden_layers"),
+        n_heads=get("num_attention_heads"), head_dim=get("qk_nope_head_dim"), d_ff=get("intermediate_size"),
+        max_len=hf.get("max_position_embeddings", 4096), norm="rmsnorm", norm_eps=hf.get("rms_norm_eps", 1e-6),
+        ffn="swiglu", positions="rope", rope_base=_rope_theta(hf), bias=False,
+        tie_embeddings=hf.get("tie_word_embeddings", False),
+        n_experts=get("n_routed_experts"), experts_per_token=get("num_experts_per_tok"),
+        expert_d_ff=get("moe_intermediate_size"), n_shared_experts=hf.get("n_shared_experts") or 0,
+        renormalise_topk=bool(hf.get("norm_topk_prob", False)),
+        dense_layers=tuple(range(hf.get("first_k_dense_replace") or 0)),
+        kv_lora_rank=get("kv_lora_rank"), q_lora_rank=hf.get("q_lora_rank"), rope_head_dim=get("qk_rope_head_dim"),
+        v_head_dim=get("v_head_dim"), mtp_modules=hf.get("num_nextn_predict_layers") or 0,
+    )
+
+
+def _moe_fields(read, ignored=None, required=None) -> dict:
+    return _llama_fields(read=set(read) | {"num_experts_per_tok"}, ignored=_WINDOW_IGNORED | _ROUTER_IGNORED
+                         | (ignored or {}), required=required) | {"moe": True}
+
+
+_QWEN_MOE_READ = {"num_experts", "moe_intermediate_size", "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers"}
+
+_DEEPSEEK_FIELDS = {
+    "read": {"vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "qk_nope_head_dim",
+             "intermediate_size", "max_position_embeddings", "rms_norm_eps", "hidden_act", "rope_theta",
+             "rope_parameters", "tie_word_embeddings", "n_routed_experts", "num_experts_per_tok",
+             "moe_intermediate_size", "n_shared_experts", "norm_topk_prob", "first_k_dense_replace", "kv_lora_rank",
+             "q_lora_rank", "qk_rope_head_dim", "v_head_dim", "num_nextn_predict_layers"},
+    "ignored": _DROPOUTS | _ROPE_IGNORED | _ROUTER_IGNORED | {
+        "num_key_value_heads": "latent attention rebuilds keys and values for every head",
+        "head_dim": "transformers' copy of qk_rope_head_dim, for its rotary embedding",
+        "qk_head_dim": "qk_nope_head_dim + qk_rope_head_dim, derived",
+        "rope_interleave": "the order in which RoPE pairs dimensions, not a parameter",
+        "routed_scaling_factor": "a constant that multiplies the routed experts' weights",
+        "scoring_func": "the router's score function (softmax or sigmoid), not a parameter",
+        "topk_method": "how the router picks experts (greedy, within groups), not a parameter",
+        "n_group": "expert groups for group-limited routing, not a parameter",
+        "topk_group": "expert groups for group-limited routing, not a parameter",
+        "aux_loss_alpha": "the weight of the balancing loss in training, not a parameter",
+        "seq_aux": "whether the balancing loss is taken per sequence, not a parameter",
+        "ep_size": "expert parallelism in training: the same weights, spread over devices",
+    },
+    "required": {
+        "attention_bias": ((False, None), "biases on the latent attention's projections are not counted"),
+        "mlp_bias": ((False, None), "the experts are counted without biases"),
+        # transformers builds experts in every layer from first_k_dense_replace on; DeepSeek's
+        # own code also skips layers whose index is not a multiple of moe_layer_freq
+        "moe_layer_freq": ((1, None), "experts in only every moe_layer_freq-th layer"),
+    },
+    "moe": True,
+}
+
 _FROM_HF = {
     "gpt2": (_gpt2_config, _GPT2_FIELDS),
     "bert": (_bert_config, _BERT_FIELDS),
@@ -505,16 +770,31 @@ _FROM_HF = {
             "partial_rotary_factor": "how much of each head RoPE rotates, not a parameter"},
         # transformers' Phi3 builds its fused QKV projection without a bias whatever this says
         required={"attention_bias": ((False, None), "Phi3ForCausalLM has no attention biases")})),
+    "mixtral": (_mixtral_config, _moe_fields(read={"num_local_experts"})),
+    "qwen2_moe": (_qwen_moe_config, _moe_fields(read=_QWEN_MOE_READ | {"shared_expert_intermediate_size", "qkv_bias"})),
+    "qwen3_moe": (_qwen_moe_config, _moe_fields(read=_QWEN_MOE_READ | {"num_local_experts", "attention_bias"})),
+    "deepseek_v2": (_deepseek_config, _DEEPSEEK_FIELDS),
+    "deepseek_v3": (_deepseek_config, _DEEPSEEK_FIELDS),
 }
+
+
+def _block_fp8(quantization) -> bool:
+    """DeepSeek-V3's block-wise fp8 (quant_method "fp8" with a weight_block_size): every weight
+    keeps its shape, one byte a value, plus one float32 scale per block that is not a parameter."""
+    return isinstance(quantization, dict) and quantization.get("quant_method") == "fp8" \
+        and bool(quantization.get("weight_block_size"))
 
 
 def _check_fields(hf: dict, model_type: str, spec: dict) -> None:
     moe = [key for key in _MOE_FIELDS if hf.get(key)]
-    if moe:
-        raise ValueError(f"{model_type} config has mixture-of-experts fields {moe}; tutorial_lib counts "
-                         "dense models only")
+    if moe and not spec.get("moe"):
+        readers = sorted(name for name, (_, fields) in _FROM_HF.items() if fields.get("moe"))
+        raise ValueError(f"{model_type} config has mixture-of-experts fields {moe}; a {model_type} model is "
+                         f"dense. Mixtures of experts are read as the model types {readers}")
     required = _HF_REQUIRED_COMMON | spec["required"]
     for key, (allowed, why) in required.items():
+        if key == "quantization_config" and _block_fp8(hf.get(key)):
+            continue
         if key in hf and hf[key] not in allowed:
             raise ValueError(f"{model_type} config has {key}={hf[key]!r}; tutorial_lib supports only "
                              f"{' or '.join(map(repr, allowed))} ({why})")
@@ -529,12 +809,15 @@ def from_hf_config(hf: dict) -> ModelConfig:
     """A ModelConfig from a Hugging Face ``config.json`` dict (``model_type`` decides how it is read).
 
     Supported: ``gpt2``, ``bert`` (BertModel: embeddings, encoder, pooler), ``t5``
-    (T5ForConditionalGeneration) and the LLaMA family ``llama``, ``mistral``, ``qwen2``,
-    ``gemma``, ``phi3``. Fields that change the computation but no parameter (dropout, RoPE
-    scaling, sliding windows) are accepted and not described by the result. A field that
-    would change the parameters in a way ModelConfig does not describe (mixture of experts,
-    pruned heads, cross-attention in a decoder, quantization), or any field this reader does
-    not know, raises a ValueError rather than giving a wrong count.
+    (T5ForConditionalGeneration), the LLaMA family ``llama``, ``mistral``, ``qwen2``,
+    ``gemma``, ``phi3``, and the mixtures of experts ``mixtral``, ``qwen2_moe`` (Qwen1.5-MoE),
+    ``qwen3_moe``, ``deepseek_v2`` and ``deepseek_v3``. Fields that change the computation but
+    no parameter (dropout, RoPE scaling, sliding windows, how a router scores and picks its
+    experts: DeepSeek's sigmoid scores, expert groups and scaling factor) are accepted and not
+    described by the result. A field that would change the parameters in a way ModelConfig
+    does not describe (pruned heads, cross-attention in a decoder, quantization other than
+    block-wise fp8), or any field this reader does not know, raises a ValueError rather than
+    giving a wrong count.
     """
     if not isinstance(hf, dict):
         raise ValueError(f"expected a config.json dict, got {type(hf).__name__}")

@@ -1,19 +1,23 @@
 """Copying weights between tutorial_lib models and other implementations: PyTorch's
 ``nn.TransformerEncoderLayer`` / ``nn.TransformerDecoderLayer`` / ``nn.Transformer``, and
-Hugging Face's BERT layer, GPT-2 and LLaMA. Tests use these to check our models against
-independent code; with internet access the same functions load real GPT-2 weights::
-
-    from transformers import GPT2LMHeadModel
-    model = gpt2_from_hf(GPT2LMHeadModel.from_pretrained("gpt2"))
+Hugging Face's BERT layer and decoder-only models (GPT-2 and the LLaMA family). Tests use
+these to check our models against independent code. :func:`hf_tensor_map` is the one table
+of where a Hugging Face checkpoint's tensors go in ``DecoderOnlyLM``;
+:mod:`tutorial_lib.pretrained` reads checkpoint files with it (``load_pretrained("gpt2")``).
 """
 
 from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import replace
+from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
 
 from .attention import MultiHeadAttention
-from .config import from_hf_config
+from .config import ModelConfig, from_hf_config
 from .gpt import DecoderOnlyLM
 from .layers import FeedForward, TransformerBlock
 from .transformer import DecoderLayer, EncoderDecoder
@@ -103,84 +107,218 @@ def copy_from_bert_layer(ours: TransformerBlock, bert_layer: nn.Module) -> None:
 
 
 # ---- Hugging Face decoder-only models ---------------------------------------------------------
+# One table says where every tensor of a Hugging Face checkpoint goes in DecoderOnlyLM. The
+# in-memory copy below (from_hf_model) and tutorial_lib.pretrained (checkpoint files, shard by
+# shard) both read it.
+
+DECODER_TYPES = ("gpt2", "llama", "mistral", "qwen2", "gemma", "phi3")
 
 
-def gpt2_state_dict(hf_state: dict[str, Tensor], n_layers: int) -> dict[str, Tensor]:
-    """Rename (and transpose) a ``GPT2LMHeadModel`` state dict into ours.
+class TensorMap(NamedTuple):
+    """Where one checkpoint tensor goes: ``source`` (its name in the checkpoint) fills
+    ``target`` (a name in ``DecoderOnlyLM.state_dict()``), or only the target's rows ``rows``
+    (one part of a fused matrix such as [Q; K; V]); ``source_rows`` takes only those rows of
+    the source (Phi-3's fused [gate; up]); ``transpose`` for GPT-2's Conv1D, which stores
+    (in, out) where nn.Linear stores (out, in); ``plus_one`` for Gemma, whose norms store
+    w - 1 and multiply by 1 + w."""
 
-    GPT-2 stores its projections as ``Conv1D`` with weights (in, out): ours are ``nn.Linear``
-    (out, in), hence the transposes. ``c_attn`` is already a fused [Q; K; V] projection.
-    """
-    def get(name):
-        key = name if name in hf_state else f"transformer.{name}"
-        if key not in hf_state:
-            raise ValueError(f"GPT-2 state dict has no {name!r}")
-        return hf_state[key]
-
-    out = {"embed.tokens.weight": get("wte.weight"), "embed.positions.embedding.weight": get("wpe.weight"),
-           "final_norm.weight": get("ln_f.weight"), "final_norm.bias": get("ln_f.bias")}
-    for i in range(n_layers):
-        h, b = f"h.{i}.", f"blocks.{i}."
-        out |= {
-            b + "attn_sublayer.norm.weight": get(h + "ln_1.weight"),
-            b + "attn_sublayer.norm.bias": get(h + "ln_1.bias"),
-            b + "attn.qkv.weight": get(h + "attn.c_attn.weight").t(), b + "attn.qkv.bias": get(h + "attn.c_attn.bias"),
-            b + "attn.out.weight": get(h + "attn.c_proj.weight").t(), b + "attn.out.bias": get(h + "attn.c_proj.bias"),
-            b + "ffn_sublayer.norm.weight": get(h + "ln_2.weight"), b + "ffn_sublayer.norm.bias": get(h + "ln_2.bias"),
-            b + "ffn.up.weight": get(h + "mlp.c_fc.weight").t(), b + "ffn.up.bias": get(h + "mlp.c_fc.bias"),
-            b + "ffn.down.weight": get(h + "mlp.c_proj.weight").t(), b + "ffn.down.bias": get(h + "mlp.c_proj.bias"),
-        }
-    return out
+    source: str
+    target: str
+    rows: tuple[int, int] | None = None
+    source_rows: tuple[int, int] | None = None
+    transpose: bool = False
+    plus_one: bool = False
 
 
-def llama_state_dict(hf_state: dict[str, Tensor], n_layers: int, tie_embeddings: bool) -> dict[str, Tensor]:
-    """Rename a ``LlamaForCausalLM`` state dict into ours (q, k, v concatenated into ``qkv``).
+def _gpt2_map(cfg: ModelConfig, prefix: str) -> list[TensorMap]:
+    maps = [TensorMap(prefix + "wte.weight", "embed.tokens.weight"),
+            TensorMap(prefix + "wpe.weight", "embed.positions.embedding.weight"),
+            TensorMap(prefix + "ln_f.weight", "final_norm.weight"), TensorMap(prefix + "ln_f.bias", "final_norm.bias")]
+    for i in range(cfg.n_layers):
+        h, b = f"{prefix}h.{i}.", f"blocks.{i}."
+        for theirs, ours in (("ln_1", "attn_sublayer.norm"), ("ln_2", "ffn_sublayer.norm")):
+            maps += [TensorMap(h + theirs + ".weight", b + ours + ".weight"),
+                     TensorMap(h + theirs + ".bias", b + ours + ".bias")]
+        # Conv1D weights are (in, out): transposed into nn.Linear's (out, in); c_attn is already [Q; K; V]
+        for theirs, ours in (("attn.c_attn", "attn.qkv"), ("attn.c_proj", "attn.out"), ("mlp.c_fc", "ffn.up"),
+                             ("mlp.c_proj", "ffn.down")):
+            maps += [TensorMap(h + theirs + ".weight", b + ours + ".weight", transpose=True),
+                     TensorMap(h + theirs + ".bias", b + ours + ".bias")]
+    return maps
 
-    Both use the same half-split RoPE pairing (``rotate_half``), so no permutation of the
-    query and key rows is needed.
-    """
-    def get(name):
-        if name not in hf_state:
-            raise ValueError(f"LLaMA state dict has no {name!r}")
-        return hf_state[name]
 
-    out = {"embed.tokens.weight": get("model.embed_tokens.weight"), "final_norm.weight": get("model.norm.weight")}
-    if not tie_embeddings:
-        out["head.weight"] = get("lm_head.weight")
-    for i in range(n_layers):
+def _llama_map(cfg: ModelConfig, model_type: str) -> list[TensorMap]:
+    gemma = model_type == "gemma"
+    maps = [TensorMap("model.embed_tokens.weight", "embed.tokens.weight"),
+            TensorMap("model.norm.weight", "final_norm.weight", plus_one=gemma)]
+    if not cfg.tie_embeddings:
+        maps.append(TensorMap("lm_head.weight", "head.weight"))
+    q, kv, ff = cfg.n_heads * cfg.d_k, cfg.kv_heads * cfg.d_k, cfg.ffn_dim
+    qkv_rows = {"q": (0, q), "k": (q, q + kv), "v": (q + kv, q + 2 * kv)}  # rows of our fused [Q; K; V]
+    for i in range(cfg.n_layers):
         h, b = f"model.layers.{i}.", f"blocks.{i}."
         attn = h + "self_attn."
-        out[b + "attn.qkv.weight"] = torch.cat([get(attn + f"{p}_proj.weight") for p in "qkv"])
-        if attn + "q_proj.bias" in hf_state:
-            out[b + "attn.qkv.bias"] = torch.cat([get(attn + f"{p}_proj.bias") for p in "qkv"])
-        out[b + "attn.out.weight"] = get(attn + "o_proj.weight")
-        if attn + "o_proj.bias" in hf_state:
-            out[b + "attn.out.bias"] = get(attn + "o_proj.bias")
-        for ours_name, theirs_name in (("gate", "gate_proj"), ("up", "up_proj"), ("down", "down_proj")):
-            out[b + f"ffn.{ours_name}.weight"] = get(h + f"mlp.{theirs_name}.weight")
-            if h + f"mlp.{theirs_name}.bias" in hf_state:
-                out[b + f"ffn.{ours_name}.bias"] = get(h + f"mlp.{theirs_name}.bias")
-        out[b + "attn_sublayer.norm.weight"] = get(h + "input_layernorm.weight")
-        out[b + "ffn_sublayer.norm.weight"] = get(h + "post_attention_layernorm.weight")
-    return out
+        maps += [TensorMap(h + "input_layernorm.weight", b + "attn_sublayer.norm.weight", plus_one=gemma),
+                 TensorMap(h + "post_attention_layernorm.weight", b + "ffn_sublayer.norm.weight", plus_one=gemma),
+                 TensorMap(attn + "o_proj.weight", b + "attn.out.weight"),
+                 TensorMap(h + "mlp.down_proj.weight", b + "ffn.down.weight")]
+        kinds = ["weight"] + (["bias"] if cfg.uses_bias("qkv") else [])
+        if model_type == "phi3":  # fused [Q; K; V] and [gate; up] projections
+            maps += [TensorMap(attn + f"qkv_proj.{kind}", b + f"attn.qkv.{kind}") for kind in kinds]
+            maps += [TensorMap(h + "mlp.gate_up_proj.weight", b + "ffn.gate.weight", source_rows=(0, ff)),
+                     TensorMap(h + "mlp.gate_up_proj.weight", b + "ffn.up.weight", source_rows=(ff, 2 * ff))]
+        else:
+            maps += [TensorMap(attn + f"{p}_proj.{kind}", b + f"attn.qkv.{kind}", rows=qkv_rows[p])
+                     for kind in kinds for p in "qkv"]
+            maps += [TensorMap(h + f"mlp.{p}_proj.weight", b + f"ffn.{p}.weight") for p in ("gate", "up")]
+        if cfg.uses_bias("out"):
+            maps.append(TensorMap(attn + "o_proj.bias", b + "attn.out.bias"))
+        if cfg.uses_bias("ffn"):
+            maps += [TensorMap(h + f"mlp.{p}_proj.bias", b + f"ffn.{p}.bias") for p in ("gate", "up", "down")]
+    return maps
 
 
-def _load(model: DecoderOnlyLM, state: dict[str, Tensor]) -> DecoderOnlyLM:
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    missing = [m for m in missing if not (m == "head.weight" and model.cfg.tie_embeddings)]
+def hf_tensor_map(cfg: ModelConfig, model_type: str, names: Iterable[str] = ()) -> list[TensorMap]:
+    """Where each tensor of a Hugging Face checkpoint of ``model_type`` goes in a
+    :class:`DecoderOnlyLM` built from ``cfg``. ``names``: the checkpoint's tensor names, to
+    tell GPT-2's two spellings apart (``transformer.h.0...`` from save_pretrained of
+    GPT2LMHeadModel, ``h.0...`` in OpenAI's released files)."""
+    if model_type not in DECODER_TYPES:
+        raise ValueError(f"model_type must be one of {DECODER_TYPES}, got {model_type!r}")
+    if model_type == "gpt2":
+        prefix = "transformer." if any(n.startswith("transformer.") for n in names) else ""
+        return _gpt2_map(cfg, prefix)
+    return _llama_map(cfg, model_type)
+
+
+# Tensors that checkpoints carry but that are not weights: GPT-2's causal-mask buffers, the RoPE
+# frequencies of older LLaMA files, and the output head of a tied model (the token table again).
+_NOT_WEIGHTS = re.compile(r"((transformer\.)?h\.\d+\.attn\.(bias|masked_bias)"
+                          r"|model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq)$")
+
+
+def check_tensor_names(maps: list[TensorMap], names: Iterable[str], tie_embeddings: bool) -> list[str]:
+    """Raise ValueError naming the tensors the map needs but ``names`` lacks, and the tensors
+    ``names`` holds that the map does not place (buffers that are not weights excepted).
+    Returns the names to skip."""
+    names = set(names)
+    needed = {m.source for m in maps}
+    skipped = sorted(n for n in names - needed
+                     if _NOT_WEIGHTS.match(n) or (tie_embeddings and n == "lm_head.weight"))
+    missing = sorted(needed - names)
+    unexpected = sorted(names - needed - set(skipped))
     if missing or unexpected:
-        raise ValueError(f"weights do not fit the model: missing {missing}, unexpected {unexpected}")
+        def show(items):
+            return ", ".join(items[:6]) + (f" and {len(items) - 6} more" if len(items) > 6 else "")
+        problems = [f"missing {len(missing)} tensors: {show(missing)}"] if missing else []
+        if unexpected:
+            problems.append(f"{len(unexpected)} tensors this model has no place for: {show(unexpected)}")
+        raise ValueError("the checkpoint does not fit the model: " + "; ".join(problems))
+    return skipped
+
+
+def mapped_tensor(m: TensorMap, tensor: Tensor) -> Tensor:
+    """The source tensor as the target wants it: rows taken, transposed, 1 added."""
+    if m.source_rows is not None:
+        tensor = tensor[m.source_rows[0]:m.source_rows[1]]
+    if m.transpose:
+        tensor = tensor.t()
+    if m.plus_one:
+        tensor = tensor.float() + 1.0  # in float32, as Gemma computes 1 + w
+    return tensor
+
+
+def target_slice(params: dict[str, Tensor], m: TensorMap) -> Tensor:
+    dst = params[m.target]
+    return dst if m.rows is None else dst[m.rows[0]:m.rows[1]]
+
+
+def check_shape(m: TensorMap, dst: Tensor, shape: tuple[int, ...]) -> None:
+    """Raise ValueError unless a source of ``shape`` fits ``dst`` after :func:`mapped_tensor`."""
+    shape = list(shape)
+    if m.source_rows is not None:
+        shape[0] = m.source_rows[1] - m.source_rows[0] if shape[0] >= m.source_rows[1] else -1
+    if m.transpose:
+        shape = shape[::-1]
+    if tuple(shape) != tuple(dst.shape):
+        raise ValueError(f"{m.source} (shape {tuple(shape)}) does not fit {m.target}"
+                         f"{'' if m.rows is None else f' rows {m.rows[0]}:{m.rows[1]}'} (shape {tuple(dst.shape)})")
+
+
+def check_map_covers(model: nn.Module, maps: list[TensorMap]) -> None:
+    """Every parameter of ``model`` is filled exactly once, row by row, by the map."""
+    params = dict(model.named_parameters())
+    rows: dict[str, list[tuple[int, int]]] = {}
+    for m in maps:
+        if m.target not in params:
+            raise ValueError(f"the map fills {m.target}, which the model does not have")
+        rows.setdefault(m.target, []).append(m.rows or (0, params[m.target].size(0)))
+    for name, param in params.items():
+        spans = sorted(rows.get(name, []))
+        ends = [0] + [end for _, end in spans]
+        if not spans or [start for start, _ in spans] != ends[:-1] or ends[-1] != param.size(0):
+            raise ValueError(f"the map does not fill {name} (rows {spans} of {param.size(0)})")
+
+
+@torch.no_grad()
+def load_hf_state_dict(model: DecoderOnlyLM, hf_state: dict[str, Tensor], model_type: str) -> DecoderOnlyLM:
+    """Copy a Hugging Face state dict of ``model_type`` into ``model`` (built from the same config)."""
+    maps = hf_tensor_map(model.cfg, model_type, hf_state)
+    check_tensor_names(maps, hf_state, model.cfg.tie_embeddings)
+    check_map_covers(model, maps)
+    params = dict(model.named_parameters())
+    for m in maps:
+        dst = target_slice(params, m)
+        check_shape(m, dst, tuple(hf_state[m.source].shape))
+        dst.copy_(mapped_tensor(m, hf_state[m.source]))
     return model
+
+
+def decoder_config(hf: dict) -> ModelConfig:
+    """The ModelConfig of a decoder-only Hugging Face model, refusing settings under which the
+    course's model would compute something else: scaled or interleaved RoPE, partial rotary,
+    GPT-2's attention-scaling variants. An active sliding window W becomes max_len = W, where
+    it changes nothing (every query sees at most W keys)."""
+    cfg = from_hf_config(hf)
+    model_type = hf.get("model_type")
+    if model_type not in DECODER_TYPES:
+        raise ValueError(f"model_type {model_type!r} is not a decoder-only model this package loads; "
+                         f"supported: {DECODER_TYPES}")
+    rope = hf.get("rope_scaling") or hf.get("rope_parameters") or {}
+    refused = {
+        "rope_scaling": rope.get("rope_type", rope.get("type", "default")) != "default",
+        "rope_interleaved": bool(hf.get("rope_interleaved")),
+        "partial_rotary_factor": hf.get("partial_rotary_factor", 1.0) not in (None, 1, 1.0),
+        "scale_attn_by_inverse_layer_idx": bool(hf.get("scale_attn_by_inverse_layer_idx")),
+        "scale_attn_weights": hf.get("scale_attn_weights", True) is False,
+    }
+    for field, bad in refused.items():
+        if bad:
+            value = hf.get(field, rope)
+            raise ValueError(f"config.json has {field}={value!r}, which changes what attention computes; "
+                             "tutorial_lib's model does not implement it, so it would give other outputs")
+    window = hf.get("sliding_window")
+    active = bool(hf.get("use_sliding_window")) if model_type == "qwen2" else model_type in ("mistral", "phi3")
+    if window and active and window < cfg.max_len:
+        cfg = replace(cfg, max_len=int(window))
+    return cfg
+
+
+def from_hf_model(hf_model: nn.Module) -> DecoderOnlyLM:
+    """A :class:`DecoderOnlyLM` with the weights of a Hugging Face causal LM in memory
+    (GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, GemmaForCausalLM,
+    Phi3ForCausalLM)."""
+    hf = hf_model.config.to_dict()
+    model = DecoderOnlyLM(decoder_config(hf))
+    return load_hf_state_dict(model, hf_model.state_dict(), hf["model_type"]).eval()
 
 
 def gpt2_from_hf(hf_model: nn.Module) -> DecoderOnlyLM:
     """A :class:`DecoderOnlyLM` with the weights of a Hugging Face ``GPT2LMHeadModel``."""
-    cfg = from_hf_config(hf_model.config.to_dict())
-    return _load(DecoderOnlyLM(cfg), gpt2_state_dict(hf_model.state_dict(), cfg.n_layers)).eval()
+    return from_hf_model(hf_model)
 
 
 def llama_from_hf(hf_model: nn.Module) -> DecoderOnlyLM:
-    """A :class:`DecoderOnlyLM` with the weights of a Hugging Face ``LlamaForCausalLM``."""
-    cfg = from_hf_config(hf_model.config.to_dict())
-    state = llama_state_dict(hf_model.state_dict(), cfg.n_layers, cfg.tie_embeddings)
-    return _load(DecoderOnlyLM(cfg), state).eval()
+    """A :class:`DecoderOnlyLM` with the weights of a Hugging Face ``LlamaForCausalLM`` (or
+    another member of the LLaMA family)."""
+    return from_hf_model(hf_model)

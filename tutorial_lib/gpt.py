@@ -3,24 +3,38 @@
 GPT (Radford et al., 2019): learned positions, LayerNorm, GELU, biases, tied embeddings.
 LLaMA (Touvron et al., 2023): RoPE, RMSNorm, SwiGLU, grouped-query attention, no biases,
 an untied output head. Which one you get is decided by the :class:`ModelConfig` alone.
+With ``n_experts > 0`` the feed-forward networks become mixtures of experts
+(:mod:`tutorial_lib.moe`, as in Mixtral), and the output carries their load-balancing loss.
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .attention import KVCache
 from .config import ModelConfig
-from .layers import Embeddings, TransformerBlock, init_weights, make_norm, make_rotary, position_bias, stack_weights
+from .layers import (
+    Embeddings,
+    TransformerBlock,
+    init_weights,
+    make_norm,
+    make_relative_bias,
+    make_rotary,
+    position_bias,
+    stack_weights,
+)
+from .moe import MoEFeedForward, load_balancing_loss
 
 
 class LMOutput(NamedTuple):
     logits: Tensor  # (B, T, V)
     loss: Tensor | None  # mean cross-entropy over targets != ignore_index
     attn: Tensor | None  # (L, B, h, T, S) when need_weights=True
+    aux_loss: Tensor | None = None  # mixture of experts: load-balancing loss, mean over MoE layers
 
 
 class DecoderOnlyLM(nn.Module):
@@ -33,7 +47,11 @@ class DecoderOnlyLM(nn.Module):
         self.cfg = cfg
         self.embed = Embeddings(cfg)
         self.rotary = make_rotary(cfg)
-        self.blocks = nn.ModuleList(TransformerBlock(cfg, self.rotary) for _ in range(cfg.n_layers))
+        self.relative_bias = make_relative_bias(cfg, bidirectional=False)  # T5's bias, causal buckets
+        moe = set(cfg.moe_layers)  # empty for a dense model
+        self.blocks = nn.ModuleList(
+            TransformerBlock(cfg, self.rotary, ffn=MoEFeedForward(cfg) if i in moe else None)
+            for i in range(cfg.n_layers))
         self.final_norm = make_norm(cfg) if cfg.has_final_norm else nn.Identity()
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         init_weights(self, cfg)
@@ -51,6 +69,11 @@ class DecoderOnlyLM(nn.Module):
         cache: a :class:`KVCache`; the ids then sit at positions len(cache).. and their keys
         and values are appended. mask: a boolean mask (True = may attend) broadcastable to
         (B, h, T, len(cache) + T) used *instead of* the causal mask (e.g. a prefix-LM mask).
+
+        A mixture of experts also returns ``aux_loss``, the load-balancing loss of
+        :func:`tutorial_lib.moe.load_balancing_loss` averaged over its MoE layers (computed over
+        every position, with or without targets); ``loss`` stays the cross-entropy alone.
+        Train on ``loss + coefficient * aux_loss`` (:func:`tutorial_lib.train.loss_with_aux`).
         """
         offset = 0 if cache is None else len(cache)
         T = ids.size(-1) if ids.dim() else 0
@@ -58,16 +81,19 @@ class DecoderOnlyLM(nn.Module):
             raise ValueError(f"a context of {offset + T} tokens is longer than the model supports "
                              f"(max_len={self.cfg.max_len}); crop the input to the last {self.cfg.max_len}")
         x = self.embed(ids, offset)  # (B, T, d); checks ids
-        bias = position_bias(self.cfg, T, offset + T, x.device)  # (h, T, S) for ALiBi
-        weights = []
+        bias = position_bias(self.cfg, T, offset + T, x.device, self.relative_bias)  # (1, h, T, S): ALiBi, T5
+        weights, balance = [], []
         for i, block in enumerate(self.blocks):
-            x, w = block(x, mask, is_causal=mask is None, bias=bias,
-                         cache=None if cache is None else cache[i], need_weights=need_weights)
+            x, w, routing = block(x, mask, is_causal=mask is None, bias=bias,
+                                  cache=None if cache is None else cache[i], need_weights=need_weights)
             weights.append(w)
+            if routing is not None:
+                balance.append(load_balancing_loss(routing.logits, self.cfg.experts_per_token))
         logits = self.head(self.final_norm(x))  # (B, T, V)
         loss = None
         if targets is not None:
             if targets.shape != ids.shape:
                 raise ValueError(f"targets must have the shape of ids {tuple(ids.shape)}, got {tuple(targets.shape)}")
             loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=ignore_index)
-        return LMOutput(logits, loss, stack_weights(weights))
+        aux_loss = torch.stack(balance).mean() if balance else None
+        return LMOutput(logits, loss, stack_weights(weights), aux_loss)

@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from .attention import LayerKVCache, MultiHeadAttention
 from .config import GATED_FFNS, ModelConfig
-from .positions import LearnedPositions, RotaryEmbedding, SinusoidalPositions, alibi_bias
+from .positions import LearnedPositions, RelativePositionBias, RotaryEmbedding, SinusoidalPositions, alibi_bias
 
 
 class RMSNorm(nn.Module):
@@ -110,15 +110,17 @@ class Residual(nn.Module):
 
 def refuse_unbuilt_parts(cfg: ModelConfig, what: str) -> None:
     """Raise ValueError when ``cfg`` asks for a part that ``what`` would need but this package
-    does not build: T5's relative-position bias (layers), BERT's token-type table and
-    embedding norm (embeddings), BERT's pooler (encoder). ModelConfig describes them so that
-    tutorial_lib.params can count published models; a model built without them would
-    silently be a different one."""
+    does not build: Qwen3's query/key norm and DeepSeek's latent attention (layers), BERT's
+    token-type table and embedding norm (embeddings), BERT's pooler (encoder). ModelConfig
+    describes them so that tutorial_lib.params can count published models; a model built
+    without them would silently be a different one."""
     missing = []
     if what == "encoder" and cfg.pooler:
         missing.append("pooler=True (BERT's dense + tanh layer over the first position)")
-    if what == "layers" and cfg.positions == "relative":
-        missing.append("positions='relative' (T5's relative-position bias)")
+    if what == "layers" and cfg.qk_norm:
+        missing.append("qk_norm=True (Qwen3's norm on each head's queries and keys)")
+    if what == "layers" and cfg.latent_attention:
+        missing.append(f"kv_lora_rank={cfg.kv_lora_rank} (DeepSeek's multi-head latent attention)")
     if what == "embeddings" and cfg.type_vocab_size:
         missing.append(f"type_vocab_size={cfg.type_vocab_size} (BERT's token-type table)")
     if what == "embeddings" and cfg.embedding_norm:
@@ -132,11 +134,29 @@ def make_rotary(cfg: ModelConfig) -> RotaryEmbedding | None:
     return RotaryEmbedding(cfg.d_k, cfg.rope_base) if cfg.positions == "rope" else None
 
 
-def position_bias(cfg: ModelConfig, T: int, S: int, device=None) -> Tensor | None:
-    """ALiBi's additive score bias (h, T, S) when the config uses it, else None."""
+def make_relative_bias(cfg: ModelConfig, *, bidirectional: bool) -> RelativePositionBias | None:
+    """T5's learned relative-position table for one self-attention stack, shared by its layers,
+    when the config uses it (``positions="relative"``), else None. ``bidirectional``: True for
+    an encoder, False for a causal decoder."""
+    if cfg.positions != "relative":
+        return None
+    return RelativePositionBias(cfg.n_heads, cfg.relative_buckets, cfg.relative_max_distance,
+                                bidirectional=bidirectional)
+
+
+def position_bias(cfg: ModelConfig, T: int, S: int, device=None,
+                  relative: RelativePositionBias | None = None) -> Tensor | None:
+    """The additive score bias (1, h, T, S) of the config's positions, for T queries at the last
+    T of S positions: ALiBi's fixed one, T5's learned one (``relative``, the stack's table from
+    :func:`make_relative_bias`), else None. The batch axis is in front because attention refuses
+    a 3-D bias, whose first axis would be ambiguous."""
+    if cfg.positions == "relative":
+        if relative is None:
+            raise ValueError("positions='relative' needs the stack's table (make_relative_bias)")
+        return relative(T, S)[None]  # (1, h, T, S)
     if cfg.positions != "alibi":
         return None
-    return alibi_bias(cfg.n_heads, T, S).to(device)
+    return alibi_bias(cfg.n_heads, T, S).to(device)[None]  # (1, h, T, S)
 
 
 def stack_weights(weights: list) -> Tensor | None:
@@ -147,6 +167,7 @@ def stack_weights(weights: list) -> Tensor | None:
 class BlockOutput(NamedTuple):
     x: Tensor  # (B, T, d)
     weights: Tensor | None  # (B, h, T, S) when asked for
+    routing: NamedTuple | None = None  # a mixture of experts' tutorial_lib.moe.Routing, else None
 
 
 class TransformerBlock(nn.Module):
@@ -154,17 +175,21 @@ class TransformerBlock(nn.Module):
 
     With a padding mask this is an encoder layer; with a causal mask it is the block of a
     decoder-only language model (GPT, LLaMA). The norm order comes from the config.
+
+    ``ffn``: the feed-forward part, by default the dense :class:`FeedForward` the config
+    describes. A mixture of experts (:class:`tutorial_lib.moe.MoEFeedForward`) returns its
+    output together with its routing, which the block hands on in ``BlockOutput.routing``.
     """
 
-    def __init__(self, cfg: ModelConfig, rotary: nn.Module | None = None):
+    def __init__(self, cfg: ModelConfig, rotary: nn.Module | None = None, *, ffn: nn.Module | None = None):
         super().__init__()
         refuse_unbuilt_parts(cfg, "layers")
         self.attn = MultiHeadAttention(
             cfg.d_model, cfg.n_heads, n_kv_heads=cfg.kv_heads, head_dim=cfg.d_k,
             bias=cfg.uses_bias("qkv"), out_bias=cfg.uses_bias("out"), dropout=cfg.dropout,
             rotary=rotary)
-        self.ffn = FeedForward(cfg.d_model, cfg.ffn_dim, cfg.ffn, bias=cfg.uses_bias("ffn"),
-                               dropout=cfg.dropout)
+        self.ffn = ffn if ffn is not None else FeedForward(
+            cfg.d_model, cfg.ffn_dim, cfg.ffn, bias=cfg.uses_bias("ffn"), dropout=cfg.dropout)
         self.attn_sublayer = Residual(make_norm(cfg), cfg.norm_order, cfg.dropout)
         self.ffn_sublayer = Residual(make_norm(cfg), cfg.norm_order, cfg.dropout)
 
@@ -179,9 +204,18 @@ class TransformerBlock(nn.Module):
                                      need_weights=need_weights)
             return out
 
+        routing = None
+
+        def feed_forward(h: Tensor) -> Tensor:
+            nonlocal routing
+            out = self.ffn(h)
+            if isinstance(out, tuple):  # a mixture of experts: (output, routing)
+                out, routing = out
+            return out
+
         x = self.attn_sublayer(x, attend)
-        x = self.ffn_sublayer(x, self.ffn)
-        return BlockOutput(x, weights)
+        x = self.ffn_sublayer(x, feed_forward)
+        return BlockOutput(x, weights, routing)
 
 
 def check_ids(ids: Tensor, vocab_size: int, name: str = "ids") -> None:

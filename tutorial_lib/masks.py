@@ -161,9 +161,32 @@ def to_additive(mask: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
     return zeros.masked_fill(~mask, float("-inf"))
 
 
+# An added value at or below this blocks the key. Libraries fill blocked entries with -inf,
+# with the dtype's most negative number (Hugging Face), with -1e9 or with -1e4 (older models,
+# and fp16 code, where -1e9 overflows); any of them lowers a score by far more than the
+# ~104 that already drives exp() to exactly 0 in float32 (about 745 in float64).
+ADDITIVE_BLOCKED_AT = -1000.0
+
+
 def from_additive(additive: Tensor) -> Tensor:
-    """Additive float mask to boolean: a key is blocked where the added value is -inf or the
-    dtype's most negative number (what Hugging Face models add instead of -inf)."""
-    if not additive.is_floating_point():
-        raise ValueError(f"expected a floating-point additive mask, got dtype {additive.dtype}")
-    return additive > torch.finfo(additive.dtype).min
+    """Additive float mask to boolean (True = may attend).
+
+    A key is allowed where the added value is 0 and blocked where it is at or below
+    ``ADDITIVE_BLOCKED_AT`` (-1000): -inf, ``torch.finfo(dtype).min``, -1e9, -1e4 all block.
+    Any other value (between -1000 and 0, positive, NaN) is not a mask but a bias that
+    shifts the scores (ALiBi, relative positions), and no boolean mask says the same:
+    ``ValueError``; pass such a tensor to attention as ``bias=`` instead.
+    """
+    if not isinstance(additive, Tensor) or not additive.is_floating_point():
+        got = additive.dtype if isinstance(additive, Tensor) else type(additive).__name__
+        raise ValueError(f"expected a floating-point additive mask, got {got}")
+    blocked = additive <= ADDITIVE_BLOCKED_AT
+    ambiguous = ~(blocked | (additive == 0))
+    if ambiguous.any():
+        values = additive[ambiguous].unique()
+        raise ValueError(
+            f"an additive mask holds 0 (allowed) or a value <= {ADDITIVE_BLOCKED_AT:g} (blocked); this one "
+            f"also holds {values[:5].tolist()}{' ...' if len(values) > 5 else ''}, which only shift the scores: "
+            "that is a bias, not a mask (pass it to attention as bias=)"
+        )
+    return ~blocked

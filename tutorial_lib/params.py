@@ -12,7 +12,8 @@ of a stack, plus ``"total"``:
     <stack>.attn.q / .k / .v / .o            self-attention projections with their biases;
                                              K and V have n_kv_heads heads (grouped-query)
     decoder.cross.q / .k / .v / .o           encoder-decoder: cross-attention
-    <stack>.ffn.up / .gate / .down           feed-forward matrices and biases (gate: 0 unless gated)
+    <stack>.ffn.up / .gate / .down           feed-forward matrices and biases (gate: 0 unless gated);
+                                             in a mixture of experts, those of its dense layers only
     <stack>.norms                            the norms inside the layers
     <stack>.position_bias                    T5's relative-position table, one per stack
     <stack>.final_norm                       the norm after the last layer (pre-LN stacks)
@@ -20,7 +21,30 @@ of a stack, plus ``"total"``:
     pooler                                   encoder (BERT): dense layer over the first position
 
 ``<stack>`` is ``decoder`` for decoder-only models, ``encoder`` for encoders, both for
-encoder-decoder models. Run ``python -m tutorial_lib.params config.json`` for the table.
+encoder-decoder models. Configs with the parts below get their keys as well:
+
+    decoder.ffn.router                       mixture of experts: the routers (d x E each)
+    decoder.ffn.experts.up / .gate / .down   ... the routed experts, all of them
+    decoder.ffn.shared.up / .gate / .down    ... the shared experts
+    decoder.ffn.shared_gate                  ... Qwen2-MoE's gate on the shared expert (d x 1)
+    decoder.attn.qk_norm                     Qwen3: the norms of queries and keys (2 d_k a layer)
+    decoder.attn.q_a / .q_norm / .q_b        latent attention (DeepSeek): the query's down-
+                                             projection, its norm and up-projection (or .q when
+                                             the query is not compressed)
+    decoder.attn.kv_a / .kv_norm / .kv_b     ... the key/value latent (plus the shared RoPE key),
+                                             its norm, and the up-projection to keys and values
+
+A mixture of experts has two sizes, and its breakdown two summary keys:
+
+    "total"    every parameter the model holds: what memory for the weights is sized by.
+    "active"   the parameters one token's computation uses: the embeddings, the attention,
+               the norms, the dense layers, and in each MoE layer its router, the
+               experts_per_token routed experts the token goes to and the shared experts, and
+               the head. That is the total less (n_experts - experts_per_token) routed experts
+               in every MoE layer; the compute per token follows it. (The embedding table is
+               counted whole, as the published figures do, although a token reads one row.)
+
+Run ``python -m tutorial_lib.params config.json`` for the table.
 """
 
 from __future__ import annotations
@@ -35,6 +59,7 @@ import torch
 from torch import nn
 
 from .config import PRESETS, ModelConfig, from_hf_config
+from .moe import MoEFeedForward
 
 # ---- counting from the config ---------------------------------------------------------------
 
@@ -48,22 +73,65 @@ def _norm(cfg: ModelConfig) -> int:
     return cfg.d_model * (2 if cfg.uses_bias("norm") else 1)
 
 
+def _latent_attention(cfg: ModelConfig, prefix: str) -> dict[str, int]:
+    """Multi-head latent attention (DeepSeek-V2, section 2.1): queries and keys of h heads of
+    d_k plain + rope_head_dim rotary dimensions, values of v_head_dim; keys and values come up
+    from one latent of kv_lora_rank per token, whose down-projection also makes the rotary key
+    that all heads share; queries come up from a latent of q_lora_rank (or straight from x)."""
+    d, h, rope = cfg.d_model, cfg.n_heads, cfg.rope_head_dim
+    qk_width, kv_rank = h * (cfg.d_k + rope), cfg.kv_lora_rank
+    if cfg.q_lora_rank is None:
+        counts = {f"{prefix}.q": d * qk_width}
+    else:  # RMSNorm on the query latent: a scale of q_lora_rank
+        counts = {f"{prefix}.q_a": d * cfg.q_lora_rank, f"{prefix}.q_norm": cfg.q_lora_rank,
+                  f"{prefix}.q_b": cfg.q_lora_rank * qk_width}
+    return counts | {f"{prefix}.kv_a": d * (kv_rank + rope), f"{prefix}.kv_norm": kv_rank,
+                     f"{prefix}.kv_b": kv_rank * h * (cfg.d_k + cfg.value_dim), f"{prefix}.o": h * cfg.value_dim * d}
+
+
 def _attention(cfg: ModelConfig, prefix: str) -> dict[str, int]:
+    if cfg.latent_attention:
+        return _latent_attention(cfg, prefix)
     d, qkv_bias = cfg.d_model, cfg.uses_bias("qkv")
     q_width, kv_width = cfg.n_heads * cfg.d_k, cfg.kv_heads * cfg.d_k  # grouped-query: kv_heads <= n_heads
-    return {f"{prefix}.q": _linear(d, q_width, qkv_bias), f"{prefix}.k": _linear(d, kv_width, qkv_bias),
-            f"{prefix}.v": _linear(d, kv_width, qkv_bias), f"{prefix}.o": _linear(q_width, d, cfg.uses_bias("out"))}
+    counts = {f"{prefix}.q": _linear(d, q_width, qkv_bias), f"{prefix}.k": _linear(d, kv_width, qkv_bias),
+              f"{prefix}.v": _linear(d, kv_width, qkv_bias), f"{prefix}.o": _linear(q_width, d, cfg.uses_bias("out"))}
+    if cfg.qk_norm:  # Qwen3: one RMSNorm scale of d_k for queries, one for keys, shared by the heads
+        counts[f"{prefix}.qk_norm"] = 2 * cfg.d_k
+    return counts
 
 
-def block_parameters(cfg: ModelConfig, cross_attention: bool = False) -> dict[str, int]:
+def _ffn(cfg: ModelConfig, width: int, prefix: str) -> dict[str, int]:
+    """A feed-forward network of inner width ``width``: up, gate (0 unless gated), down."""
+    d, bias = cfg.d_model, cfg.uses_bias("ffn")
+    return {f"{prefix}.up": _linear(d, width, bias), f"{prefix}.gate": _linear(d, width, bias) if cfg.gated else 0,
+            f"{prefix}.down": _linear(width, d, bias)}
+
+
+def expert_parameters(cfg: ModelConfig) -> int:
+    """The parameters of one routed expert (an FFN of width ``cfg.expert_dim``)."""
+    return sum(_ffn(cfg, cfg.expert_dim, "ffn").values())
+
+
+def block_parameters(cfg: ModelConfig, cross_attention: bool = False, *, moe: bool = False) -> dict[str, int]:
     """The parameters of one layer: self-attention, cross-attention when asked for (a decoder
-    layer of an encoder-decoder model), the feed-forward network and the norms, and "total"."""
-    d, f, bias = cfg.d_model, cfg.ffn_dim, cfg.uses_bias("ffn")
+    layer of an encoder-decoder model), the feed-forward network and the norms, and "total".
+    ``moe=True``: a mixture-of-experts layer of the config (router, routed and shared experts)."""
+    if moe and not cfg.n_experts:
+        raise ValueError("moe=True needs a config with n_experts > 0")
     counts = _attention(cfg, "attn")
     if cross_attention:
         counts |= _attention(cfg, "cross")
-    counts |= {"ffn.up": _linear(d, f, bias), "ffn.gate": _linear(d, f, bias) if cfg.gated else 0,
-               "ffn.down": _linear(f, d, bias), "norms": (3 if cross_attention else 2) * _norm(cfg)}
+    if not moe:
+        counts |= _ffn(cfg, cfg.ffn_dim, "ffn")
+    else:
+        d, E = cfg.d_model, cfg.n_experts
+        counts["ffn.router"] = d * E
+        counts |= {key: E * n for key, n in _ffn(cfg, cfg.expert_dim, "ffn.experts").items()}
+        shared = _ffn(cfg, cfg.n_shared_experts * cfg.shared_dim, "ffn.shared")
+        counts |= {key: n if cfg.n_shared_experts else 0 for key, n in shared.items()}
+        counts["ffn.shared_gate"] = d if cfg.shared_expert_gate else 0
+    counts["norms"] = (3 if cross_attention else 2) * _norm(cfg)
     counts["total"] = sum(counts.values())
     return counts
 
@@ -75,9 +143,26 @@ def _stacks(cfg: ModelConfig) -> list[tuple[str, int, bool]]:
     return [(cfg.family, cfg.n_layers, False)]
 
 
+def _stack_layers(cfg: ModelConfig, stack: str, n_layers: int, cross: bool) -> dict[str, int]:
+    """One stack's layers summed, key by key (without "total"): dense layers, and for a
+    mixture of experts its MoE layers too (the dense layers' ffn keys stay, 0 when none)."""
+    n_moe = len(cfg.moe_layers)
+    kinds = [(n_layers - n_moe, False), (n_moe, True)] if n_moe else [(n_layers, False)]
+    counts: dict[str, int] = {}
+    for n, moe in kinds:
+        for key, value in block_parameters(cfg, cross, moe=moe).items():
+            if key != "total":
+                counts[f"{stack}.{key}"] = counts.get(f"{stack}.{key}", 0) + n * value
+    counts[f"{stack}.norms"] = counts.pop(f"{stack}.norms")  # listed after the feed-forward keys
+    return counts
+
+
 def expected_parameters(cfg: ModelConfig) -> dict[str, int]:
     """The parameter count of the model ``cfg`` describes, by component (see the module
-    docstring for the keys), computed from the config alone. Tied matrices count once."""
+    docstring for the keys), computed from the config alone. Tied matrices count once.
+
+    ``"total"`` sums the components. A mixture of experts also gets ``"active"``: the
+    parameters one token's forward pass uses (the module docstring defines it)."""
     if not isinstance(cfg, ModelConfig):
         raise ValueError(f"expected a ModelConfig, got {type(cfg).__name__}")
     d = cfg.d_model
@@ -92,8 +177,7 @@ def expected_parameters(cfg: ModelConfig) -> dict[str, int]:
         counts["embed.token_types"] = cfg.type_vocab_size * d
         counts["embed.norm"] = _norm(cfg) if cfg.embedding_norm else 0
     for stack, n_layers, cross in _stacks(cfg):
-        block = block_parameters(cfg, cross)
-        counts |= {f"{stack}.{key}": n_layers * n for key, n in block.items() if key != "total"}
+        counts |= _stack_layers(cfg, stack, n_layers, cross)
         # T5: one learned bias per (bucket, head), shared by the stack's self-attention layers
         counts[f"{stack}.position_bias"] = cfg.relative_buckets * cfg.n_heads if cfg.positions == "relative" else 0
         counts[f"{stack}.final_norm"] = _norm(cfg) if cfg.has_final_norm else 0
@@ -102,8 +186,38 @@ def expected_parameters(cfg: ModelConfig) -> dict[str, int]:
     else:
         counts["head"] = 0 if cfg.tie_embeddings else cfg.vocab_size * d
     counts["total"] = sum(counts.values())
+    if cfg.n_experts:  # each token skips all but experts_per_token routed experts in every MoE layer
+        unused = (cfg.n_experts - cfg.experts_per_token) * expert_parameters(cfg)
+        counts["active"] = counts["total"] - len(cfg.moe_layers) * unused
     return counts
 
+
+def active_parameters(cfg: ModelConfig) -> int:
+    """Parameters one token's forward pass uses: ``expected_parameters(cfg)["active"]`` for a
+    mixture of experts, the total for a dense model."""
+    counts = expected_parameters(cfg)
+    return counts.get("active", counts["total"])
+
+
+def mtp_parameters(cfg: ModelConfig) -> dict[str, int]:
+    """DeepSeek-V3's multi-token-prediction (MTP) modules, which its checkpoint holds besides
+    the main model (DeepSeek-V3 report, section 2.2; the repository's README_WEIGHTS.md). Each
+    predicts one token further ahead from the main model's last hidden state and the next
+    token's embedding: two RMSNorms (``enorm``, ``hnorm``), a projection ``eh_proj`` from the
+    two concatenated (2d -> d), one transformer layer like the main model's MoE layers, and a
+    final RMSNorm. Its embedding table and output head are the main model's (shared), so they
+    are not counted here. ``transformers`` does not build these modules; they are not in
+    :func:`expected_parameters`. Keys: "layer", "projection", "norms", "total"."""
+    if not cfg.mtp_modules:
+        raise ValueError("this config has no multi-token-prediction modules (mtp_modules=0)")
+    layer = block_parameters(cfg, moe=bool(cfg.n_experts))["total"]
+    counts = {"layer": cfg.mtp_modules * layer, "projection": cfg.mtp_modules * 2 * cfg.d_model * cfg.d_model,
+              "norms": cfg.mtp_modules * 3 * _norm(cfg)}
+    counts["total"] = sum(counts.values())
+    return counts
+
+
+SUMMARY_KEYS = ("total", "active")  # breakdown keys that are not components
 
 GROUPS = ("embeddings", "attention", "feed-forward", "norms", "head")
 
@@ -127,7 +241,7 @@ def grouped(counts: dict[str, int]) -> dict[str, int]:
     """A breakdown summed into :data:`GROUPS` (embeddings, attention, feed-forward, norms, head)."""
     out = dict.fromkeys(GROUPS, 0)
     for key, n in counts.items():
-        if key != "total":
+        if key not in SUMMARY_KEYS:
             out[group_of(key)] += n
     return out
 
@@ -142,8 +256,12 @@ _RULES = [
     (re.compile(r"src_embed\.positions\."), "embed.source_positions"),
     (re.compile(_STACK + r"\.(?P<attn>attn|self_attn|cross_attn)\.(?P<proj>qkv|out)\."), "{stack}.{attn}"),
     (re.compile(_STACK + r"\.ffn\.(?P<part>up|gate|down)\."), "{stack}.ffn.{part}"),
+    (re.compile(_STACK + r"\.ffn\.experts\.\d+\.(?P<part>up|gate|down)\."), "{stack}.ffn.experts.{part}"),
+    (re.compile(_STACK + r"\.ffn\.shared\.(?P<part>up|gate|down)\."), "{stack}.ffn.shared.{part}"),
+    (re.compile(_STACK + r"\.ffn\.(?P<part>router|shared_gate)\."), "{stack}.ffn.{part}"),
     (re.compile(_STACK + r"\.\w+_sublayer\.norm\."), "{stack}.norms"),
     (re.compile(r"(?:(?P<stack>encoder|decoder)\.)?final_norm\."), "{stack}.final_norm"),
+    (re.compile(r"(?:(?P<stack>encoder|decoder)\.)?relative_bias\."), "{stack}.position_bias"),
     (re.compile(r"head\."), "head"),
     (re.compile(r"frontend\."), "frontend"),
 ]
@@ -168,11 +286,14 @@ def count_parameters(model: nn.Module) -> dict[str, int]:
     the encoder-only EncoderBackbone), by component, with the keys of
     :func:`expected_parameters`. A tied matrix counts once, under the first name it was
     registered with (the embedding). A model with a ``frontend`` gets a ``"frontend"`` key.
-    Works on models built on the meta device (only shapes are read)."""
+    Works on models built on the meta device (only shapes are read).
+
+    For a mixture of experts, ``"active"`` is measured too: the total less, in each
+    :class:`~tutorial_lib.moe.MoEFeedForward`, the parameters of the experts a token skips."""
     cfg = getattr(model, "cfg", None)
     if not isinstance(model, nn.Module) or not isinstance(cfg, ModelConfig):
         raise ValueError(f"expected a tutorial_lib model with a .cfg ModelConfig, got {type(model).__name__}")
-    counts = {key: 0 for key in expected_parameters(cfg) if key != "total"}
+    counts = {key: 0 for key in expected_parameters(cfg) if key not in SUMMARY_KEYS}
     for name, param in model.named_parameters():  # each shared Parameter once
         for pattern, key in _RULES:
             match = pattern.match(name)
@@ -191,6 +312,10 @@ def count_parameters(model: nn.Module) -> dict[str, int]:
                              "component; count_parameters knows DecoderOnlyLM, EncoderDecoder and "
                              "EncoderBackbone")
     counts["total"] = sum(counts.values())
+    if cfg.n_experts:
+        counts["active"] = counts["total"] - sum(
+            (len(m.experts) - m.k) * sum(p.numel() for p in m.experts[0].parameters())
+            for m in model.modules() if isinstance(m, MoEFeedForward))
     return counts
 
 
@@ -260,6 +385,13 @@ def kv_cache_bytes(cfg: ModelConfig, batch: int, seq_len: int, dtype="bf16", *,
     Per decoder layer and position: keys and values of n_kv_heads heads of d_k values, so
     grouped-query attention shrinks it by n_heads / n_kv_heads. An encoder-decoder model also
     keeps the cross-attention keys and values of ``source_len`` encoder positions per layer.
+
+    Multi-head latent attention keeps, per layer and position, the key/value latent
+    (kv_lora_rank values) and the rotary key shared by the heads (rope_head_dim values):
+    (d_c + d_h^R) per token and layer, as in the DeepSeek-V2 paper's Table 1. That is what
+    DeepSeek's inference code caches (keys and values are rebuilt from the latent, or the
+    up-projections are folded into the query and output); ``transformers``' implementation
+    caches the rebuilt per-head keys and values instead, which takes more memory.
     """
     _positive("batch", batch)
     _positive("seq_len", seq_len)
@@ -268,7 +400,10 @@ def kv_cache_bytes(cfg: ModelConfig, batch: int, seq_len: int, dtype="bf16", *,
                          "use a decoder or encoder-decoder config")
     if seq_len > cfg.max_len:
         raise ValueError(f"seq_len {seq_len} is longer than the model's context, max_len={cfg.max_len}")
-    per_position = 2 * cfg.kv_heads * cfg.d_k * dtype_bytes(dtype)  # keys and values, one layer
+    if cfg.latent_attention:  # the latent and the shared rotary key, one layer
+        per_position = (cfg.kv_lora_rank + cfg.rope_head_dim) * dtype_bytes(dtype)
+    else:
+        per_position = 2 * cfg.kv_heads * cfg.d_k * dtype_bytes(dtype)  # keys and values, one layer
     positions = seq_len
     if cfg.family == "encoder-decoder":
         if source_len is None:
@@ -295,16 +430,33 @@ def flops_per_token(cfg: ModelConfig, context: int | None = None) -> dict[str, i
 
     ``context``: the number of keys each query is scored against (default max_len). A dense
     pass over T tokens computes all T (and masks afterwards); decoding position t needs t + 1.
+
+    A mixture of experts counts the matrices a token goes through: the router, its
+    experts_per_token routed experts and the shared experts, i.e. the *active* parameters
+    (:func:`active_parameters`). Latent attention counts its down- and up-projections as
+    written (keys and values rebuilt per head), and scores over d_k + rope_head_dim
+    dimensions, values of v_head_dim.
     """
     if cfg.family == "encoder-decoder":
         raise ValueError("flops_per_token counts tokens through one stack; an encoder-decoder model has "
                          "source and target tokens with different costs")
     context = cfg.max_len if context is None else _positive("context", context)
-    d, q_width, kv_width = cfg.d_model, cfg.n_heads * cfg.d_k, cfg.kv_heads * cfg.d_k
-    matrices = d * q_width + 2 * d * kv_width + q_width * d + (3 if cfg.gated else 2) * d * cfg.ffn_dim  # one layer
+    d = cfg.d_model
+    if cfg.latent_attention:  # its projections, without the two norms (it has no biases)
+        attn_matrices = sum(n for key, n in _latent_attention(cfg, "attn").items() if not key.endswith("norm"))
+    else:  # W_Q, W_O (d x h d_k) and W_K, W_V (d x h_kv d_k)
+        attn_matrices = 2 * d * cfg.n_heads * cfg.d_k + 2 * d * cfg.kv_heads * cfg.d_k
+    per_ffn = (3 if cfg.gated else 2) * d  # matrix entries per unit of inner width
+    n_moe = len(cfg.moe_layers)
+    ffn_matrices = (cfg.n_layers - n_moe) * per_ffn * cfg.ffn_dim
+    if n_moe:  # the router, k routed experts, the shared experts and their gate
+        ffn_matrices += n_moe * (d * cfg.n_experts + per_ffn * cfg.experts_per_token * cfg.expert_dim
+                                 + per_ffn * cfg.n_shared_experts * cfg.shared_dim
+                                 + (d if cfg.shared_expert_gate else 0))
     head = cfg.vocab_size * d if cfg.family == "decoder" else 0
-    matmul = 2 * (cfg.n_layers * matrices + head)
-    attention = cfg.n_layers * 2 * 2 * context * cfg.n_heads * cfg.d_k
+    matmul = 2 * (cfg.n_layers * attn_matrices + ffn_matrices + head)
+    qk_dim = cfg.d_k + (cfg.rope_head_dim if cfg.latent_attention else 0)
+    attention = cfg.n_layers * 2 * context * cfg.n_heads * (qk_dim + cfg.value_dim)
     forward = matmul + attention
     return {"matmul": matmul, "attention": attention, "forward": forward, "training": 3 * forward}
 
@@ -346,11 +498,13 @@ def format_bytes(n: float) -> str:
 def format_breakdown(counts: dict[str, int], *, skip_zero: bool = True) -> str:
     """A text table of a breakdown: component, parameters, share of the total."""
     total = counts["total"]
-    rows = [(key, n) for key, n in counts.items() if key != "total" and (n or not skip_zero)]
-    width = max(len(key) for key, _ in rows + [("component", 0)])
+    rows = [(key, n) for key, n in counts.items() if key not in SUMMARY_KEYS and (n or not skip_zero)]
+    width = max(len(key) for key, _ in rows + [("component", 0), ("active per token", 0)])
     lines = [f"{'component':<{width}}  {'parameters':>15}  {'share':>7}"]
     lines += [f"{key:<{width}}  {n:>15,}  {100 * n / total:6.2f}%" for key, n in rows]
     lines.append(f"{'total':<{width}}  {total:>15,}  {100.0:6.2f}%")
+    if "active" in counts:
+        lines.append(f"{'active per token':<{width}}  {counts['active']:>15,}  {100 * counts['active'] / total:6.2f}%")
     return "\n".join(lines)
 
 
@@ -360,9 +514,21 @@ def report(cfg: ModelConfig, *, batch: int = 1, seq_len: int | None = None, dtyp
     seq_len = cfg.max_len if seq_len is None else seq_len
     counts = expected_parameters(cfg)
     n = counts["total"]
-    lines = [f"{cfg.family} model, {format_count(n)} parameters", "", format_breakdown(counts), "",
-             "weights:  " + "   ".join(f"{name} {format_bytes(weight_bytes(n, name))}"
-                                        for name in ("fp32", "bf16", "int8"))]
+    lines = [f"{cfg.family} model, {format_count(n)} parameters"]
+    if cfg.n_experts:
+        lines.append(f"mixture of experts: {cfg.n_experts} routed experts, {cfg.experts_per_token} per token"
+                     + (f", {cfg.n_shared_experts} shared" if cfg.n_shared_experts else "")
+                     + f", in {len(cfg.moe_layers)} of {cfg.n_layers} layers; {format_count(counts['active'])} "
+                     "parameters active per token. Memory holds the total; compute follows the active.")
+    if cfg.latent_attention:
+        lines.append(f"multi-head latent attention: the cache keeps a latent of {cfg.kv_lora_rank} and a rotary "
+                     f"key of {cfg.rope_head_dim} values per token and layer")
+    if cfg.mtp_modules:
+        lines.append(f"multi-token prediction: {cfg.mtp_modules} module(s) in the checkpoint besides this total, "
+                     f"{format_count(mtp_parameters(cfg)['total'])} parameters (embedding and head shared)")
+    lines += ["", format_breakdown(counts), "",
+              "weights:  " + "   ".join(f"{name} {format_bytes(weight_bytes(n, name))}"
+                                         for name in ("fp32", "bf16", "int8"))]
     lines.append(f"training with AdamW (weights, gradients, two moments; 16 bytes a parameter in fp32 or mixed "
                  f"precision; activations not included): {format_bytes(training_bytes(n)['total'])}")
     if cfg.family != "encoder":
@@ -372,7 +538,8 @@ def report(cfg: ModelConfig, *, batch: int = 1, seq_len: int | None = None, dtyp
                      f"{format_bytes(kv_cache_bytes(cfg, batch, seq_len, dtype, source_len=source))}")
     if cfg.family != "encoder-decoder":
         flops = flops_per_token(cfg, seq_len)
-        lines.append(f"FLOPs per token at a context of {seq_len}: forward {flops['forward'] / 1e9:,.2f} G "
+        through = " (through the active parameters)" if cfg.n_experts else ""
+        lines.append(f"FLOPs per token at a context of {seq_len}{through}: forward {flops['forward'] / 1e9:,.2f} G "
                      f"(attention {flops['attention'] / 1e9:,.2f} G), training {flops['training'] / 1e9:,.2f} G")
     return "\n".join(lines)
 

@@ -1,8 +1,9 @@
-"""Position information: sinusoidal table, learned table, rotary embedding (RoPE), ALiBi bias.
+"""Position information: sinusoidal table, learned table, rotary embedding (RoPE), ALiBi bias,
+T5's relative-position bias.
 
 Attention on its own is permutation-equivariant; each of these breaks that symmetry in a
 different place: added to the embeddings (sinusoidal, learned), rotating queries and keys
-(RoPE), or added to the attention scores (ALiBi).
+(RoPE), or added to the attention scores (ALiBi's fixed bias, T5's learned one).
 """
 
 from __future__ import annotations
@@ -179,3 +180,71 @@ def alibi_bias(n_heads: int, T: int, S: int | None = None) -> Tensor:
     cols = torch.arange(S).unsqueeze(0)  # (1, S)
     distance = (rows - cols).abs().float()  # (T, S)
     return -alibi_slopes(n_heads)[:, None, None] * distance  # (h, T, S)
+
+
+def relative_position_bucket(relative_position: Tensor, *, bidirectional: bool, n_buckets: int = 32,
+                             max_distance: int = 128) -> Tensor:
+    """T5's bucket (Raffel et al., 2020, section 2.1) of each relative position, an integer
+    tensor of key position - query position; returns bucket ids in [0, n_buckets).
+
+    Bidirectional (encoder): half of the buckets for keys at or before the query, the other
+    half (ids from n_buckets // 2) for keys after it. Causal (decoder): every bucket for keys at
+    or before the query; a key after it (which the causal mask hides) shares bucket 0 with
+    distance 0. Within a side of ``n`` buckets, the distances 0 .. n/2 - 1 get one bucket each;
+    longer distances share the other n/2 buckets on a logarithmic scale up to
+    ``max_distance``, and every distance from there on falls into the last bucket.
+    """
+    if relative_position.is_floating_point() or relative_position.dtype == torch.bool:
+        raise ValueError(f"relative_position must be an integer tensor, got dtype {relative_position.dtype}")
+    n = n_buckets // 2 if bidirectional else n_buckets  # buckets for one side
+    exact = n // 2  # distances 0 .. exact - 1 get a bucket each
+    if exact < 1:
+        raise ValueError(f"n_buckets must be at least {4 if bidirectional else 2} "
+                         f"({'bidirectional' if bidirectional else 'causal'}), got {n_buckets}")
+    if max_distance <= exact:
+        raise ValueError(f"max_distance must exceed the {exact} exact buckets, got {max_distance}")
+    if bidirectional:
+        side = (relative_position > 0).long() * n  # keys after the query: the upper half of the ids
+        distance = relative_position.abs()
+    else:
+        side = torch.zeros_like(relative_position, dtype=torch.long)
+        distance = (-relative_position).clamp(min=0)  # how far back the key is; future keys: 0
+    # log(distance / exact) / log(max_distance / exact) is 0 at the first shared bucket and 1 at
+    # max_distance; the n - exact shared buckets cover that range (clamp: no log of 0)
+    scaled = torch.log(distance.clamp(min=exact).float() / exact) / math.log(max_distance / exact)
+    shared = (exact + (scaled * (n - exact)).long()).clamp(max=n - 1)
+    return side + torch.where(distance < exact, distance, shared)
+
+
+class RelativePositionBias(nn.Module):
+    """T5's learned relative-position bias: one number per (bucket, head), added to the
+    attention scores of query i and key j in head h as table[bucket(j - i), h].
+
+    One table serves every self-attention layer of a stack (T5 keeps it in the first layer and
+    passes the bias on). ``bidirectional=True`` for an encoder, False for a causal decoder.
+    """
+
+    def __init__(self, n_heads: int, n_buckets: int = 32, max_distance: int = 128, *, bidirectional: bool):
+        super().__init__()
+        _check_count("n_heads", n_heads)
+        _check_count("n_buckets", n_buckets)
+        _check_count("max_distance", max_distance)
+        relative_position_bucket(torch.zeros(1, dtype=torch.long), bidirectional=bidirectional,
+                                 n_buckets=n_buckets, max_distance=max_distance)  # validates the sizes
+        self.n_buckets, self.max_distance, self.bidirectional = n_buckets, max_distance, bidirectional
+        self.table = nn.Embedding(n_buckets, n_heads)
+
+    def buckets(self, T: int, S: int | None = None) -> Tensor:
+        """(T, S) bucket ids; the queries are the last T of S positions (cached decoding)."""
+        S = T if S is None else _check_count("S", S)
+        if _check_count("T", T) > S:
+            raise ValueError(f"expected T <= S (the queries are the last T of S positions), got T={T}, S={S}")
+        device = self.table.weight.device
+        queries = torch.arange(S - T, S, device=device)[:, None]  # absolute query positions (T, 1)
+        keys = torch.arange(S, device=device)[None, :]  # (1, S)
+        return relative_position_bucket(keys - queries, bidirectional=self.bidirectional,
+                                        n_buckets=self.n_buckets, max_distance=self.max_distance)
+
+    def forward(self, T: int, S: int | None = None) -> Tensor:
+        """The additive bias (h, T, S) for T queries at the last T of S positions."""
+        return self.table(self.buckets(T, S)).permute(2, 0, 1)  # (T, S, h) -> (h, T, S)

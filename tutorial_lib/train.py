@@ -214,6 +214,20 @@ def default_loss(model: nn.Module, batch) -> Tensor:
     return model(*batch).loss
 
 
+def loss_with_aux(coefficient: float) -> Callable[[nn.Module, tuple], Tensor]:
+    """A ``compute_loss`` for :func:`train`: the model's loss plus ``coefficient`` times its
+    ``aux_loss`` (a mixture of experts' load-balancing loss; Switch Transformer used 0.01,
+    Mixtral's config.json says 0.02). A model whose aux_loss is None trains on its loss alone."""
+    if isinstance(coefficient, bool) or not isinstance(coefficient, (int, float)) or coefficient < 0:
+        raise ValueError(f"coefficient must be a number >= 0, got {coefficient!r}")
+
+    def compute_loss(model: nn.Module, batch) -> Tensor:
+        out = model(*batch)
+        return out.loss if out.aux_loss is None else out.loss + coefficient * out.aux_loss
+
+    return compute_loss
+
+
 # ---- finding where a NaN or infinity appeared ----------------------------------------------------
 
 _LOSS_CHECKS = ("Check, in this order: the data (a NaN or infinity in the inputs?), the targets (a batch whose "

@@ -21,6 +21,7 @@ from .layers import (
     TransformerBlock,
     init_weights,
     make_norm,
+    make_relative_bias,
     make_rotary,
     position_bias,
     refuse_unbuilt_parts,
@@ -38,23 +39,26 @@ class StackOutput(NamedTuple):
 
 
 class Encoder(nn.Module):
-    """A stack of encoder layers over vectors (B, S, d), with a final norm for pre-LN stacks."""
+    """A stack of encoder layers over vectors (B, S, d), with a final norm for pre-LN stacks.
+    With ``positions="relative"`` the stack holds T5's bidirectional bias table, shared by its
+    layers."""
 
     def __init__(self, cfg: ModelConfig, n_layers: int | None = None):
         super().__init__()
         refuse_unbuilt_parts(cfg, "encoder")
         self.cfg = cfg
         self.rotary = make_rotary(cfg)
+        self.relative_bias = make_relative_bias(cfg, bidirectional=True)
         self.layers = nn.ModuleList(EncoderLayer(cfg, self.rotary)
                                     for _ in range(cfg.n_layers if n_layers is None else n_layers))
         self.final_norm = make_norm(cfg) if cfg.has_final_norm else nn.Identity()
 
     def forward(self, x: Tensor, mask: Tensor | None = None, *, need_weights: bool = False) -> StackOutput:
         """x: (B, S, d); mask: boolean, True = may attend, e.g. a (B, 1, 1, S) padding mask."""
-        bias = position_bias(self.cfg, x.size(1), x.size(1), x.device)
+        bias = position_bias(self.cfg, x.size(1), x.size(1), x.device, self.relative_bias)  # (1, h, S, S) or None
         weights = []
         for layer in self.layers:
-            x, w = layer(x, mask, bias=bias, need_weights=need_weights)
+            x, w, _ = layer(x, mask, bias=bias, need_weights=need_weights)  # no routing: encoders are dense
             weights.append(w)
         return StackOutput(self.final_norm(x), stack_weights(weights))
 
@@ -83,7 +87,7 @@ class DecoderLayer(nn.Module):
                                       dropout=cfg.dropout, rotary=rot)
 
         self.self_attn = attention(rotary)
-        self.cross_attn = attention(None)  # positions are the encoder's business
+        self.cross_attn = attention(None)  # positions are the encoder's business (no RoPE, no bias)
         self.ffn = FeedForward(cfg.d_model, cfg.ffn_dim, cfg.ffn, bias=cfg.uses_bias("ffn"), dropout=cfg.dropout)
         self.self_sublayer = Residual(make_norm(cfg), cfg.norm_order, cfg.dropout)
         self.cross_sublayer = Residual(make_norm(cfg), cfg.norm_order, cfg.dropout)
@@ -138,12 +142,15 @@ class DecoderOutput(NamedTuple):
 
 
 class Decoder(nn.Module):
-    """A stack of decoder layers, with a final norm for pre-LN stacks."""
+    """A stack of decoder layers, with a final norm for pre-LN stacks. With
+    ``positions="relative"`` the stack holds T5's causal bias table, shared by its layers'
+    self-attention (cross-attention gets no position bias)."""
 
     def __init__(self, cfg: ModelConfig, n_layers: int | None = None):
         super().__init__()
         self.cfg = cfg
         self.rotary = make_rotary(cfg)
+        self.relative_bias = make_relative_bias(cfg, bidirectional=False)
         self.layers = nn.ModuleList(DecoderLayer(cfg, self.rotary)
                                     for _ in range(cfg.decoder_layers if n_layers is None else n_layers))
         self.final_norm = make_norm(cfg) if cfg.has_final_norm else nn.Identity()
@@ -153,7 +160,7 @@ class Decoder(nn.Module):
                 need_weights: bool = False) -> DecoderOutput:
         offset = 0 if cache is None else len(cache)
         T = x.size(1)
-        bias = position_bias(self.cfg, T, offset + T, x.device)
+        bias = position_bias(self.cfg, T, offset + T, x.device, self.relative_bias)  # (1, h, T, offset + T) or None
         self_ws, cross_ws = [], []
         for i, layer in enumerate(self.layers):
             x, sw, cw = layer(x, memory, self_mask, memory_mask, is_causal=True, bias=bias,

@@ -301,17 +301,22 @@ def render_memory_calculator(cfg, *, name: str = "model", batch: int = 1, seq_le
     with AdamW in mixed precision, without activations; the KV cache of ``batch`` sequences of
     ``seq_len`` positions in ``dtype``, plus as many source positions for an encoder-decoder;
     weights plus cache for inference), with a line at ``device_gib`` when given, and the FLOPs
-    per token at a context of ``seq_len`` (decoder-only and encoder models)."""
+    per token at a context of ``seq_len`` (decoder-only and encoder models).
+
+    For a mixture of experts the title gives both sizes: memory holds every expert (the
+    total), while the FLOPs per token follow the parameters a token uses (the active ones)."""
     from .params import GiB, expected_parameters, flops_per_token, kv_cache_bytes, training_bytes, weight_bytes
 
     seq_len = cfg.max_len if seq_len is None else seq_len
-    n = expected_parameters(cfg)["total"]
+    counts = expected_parameters(cfg)
+    n = counts["total"]
     weights = weight_bytes(n, dtype)
     kv, source = 0, seq_len if cfg.family == "encoder-decoder" else None  # as many source as target positions
     if cfg.family != "encoder":
         kv = kv_cache_bytes(cfg, batch, seq_len, dtype, source_len=source)
     positions = f"{seq_len} + {source} source" if source else f"{seq_len}"
-    bars = {f"weights ({dtype})": weights,
+    every = f", all {cfg.n_experts} experts" if cfg.n_experts else ""
+    bars = {f"weights ({dtype}{every})": weights,
             f"KV cache ({batch} x {positions} positions, {dtype})": kv,
             "inference: weights + KV cache": weights + kv,
             "training: weights, gradients, AdamW": training_bytes(n)["total"]}
@@ -353,8 +358,11 @@ def render_memory_calculator(cfg, *, name: str = "model", batch: int = 1, seq_le
             ax_flops.text(x, top, f"{top:,.3g} G", ha="center", va="bottom", fontsize=9)
         ax_flops.set_ylim(0, 1.5 * (matmul + attention).max())  # room for the legend
         ax_flops.legend(loc="upper left", fontsize=8)
-        ax_flops.set_title("FLOPs per token")
-    fig.suptitle(f"{name}: {n:,} parameters")
+        ax_flops.set_title("FLOPs per token" + (" (active parameters)" if cfg.n_experts else ""))
+    title = f"{name}: {n:,} parameters"
+    if "active" in counts:
+        title += f", {counts['active']:,} active per token ({cfg.experts_per_token} of {cfg.n_experts} experts)"
+    fig.suptitle(title)
     fig.set_layout_engine("constrained")
     return fig
 

@@ -1,0 +1,307 @@
+"""tutorial_lib.bpe against independent tokenizers: tiktoken with OpenAI's cl100k_base and
+o200k_base rank files (shipped by bpe-openai), and Hugging Face `tokenizers` (trained here,
+saved to tokenizer.json). Nothing is downloaded."""
+
+import gzip
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tutorial_lib import bpe
+from tutorial_lib.data import builtin_corpus
+
+STRESS = (
+    "Hello, World! HELLO world... I'm, you're, we'VE, DON'T, they'll, she'd, it's\n"
+    "Café naïve résumé façade Ångström — e\u0301 (combining) ß ﬁ\n"
+    "你好，世界！这是一个测试。日本語のテキストとカタカナ ー 한국어 텍스트입니다\n"
+    "Россия и Україна · مرحبا بالعالم · नमस्ते दुनिया · สวัสดีชาวโลก\n"
+    "Emoji: 😀👍🏽🇺🇸 👨‍👩‍👧‍👦 ❤️ and 🫠\n"
+    "Numbers 1 12 123 1234 12345 123456 3.14159 1,000,000 ٣٤٥ Ⅻ ²³\n"
+    "    four spaces   three  two\ttab\t\ttabs\r\nCRLF\n\n\nthree newlines \n \n"
+    "non\u00a0breaking\u2009thin\u200bzero\u2028line\u2029para\x00nul\x1bescape\x7f\n"
+    "def foo(x):\n    return x ** 2  # comment\n\n\n    \n"
+    "CamelCaseWords HTTPServer getHTTPResponseCode iPhone McDonald's\n"
+    "trailing spaces   "
+)
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    return builtin_corpus()
+
+
+def tiktoken_reference(name, tmp_path_factory):
+    """tiktoken's own encoder, built from the same rank file by tiktoken's own loader."""
+    tiktoken = pytest.importorskip("tiktoken")
+    from tiktoken.load import load_tiktoken_bpe
+
+    pattern, specials, _ = bpe.OPENAI_ENCODINGS[name]
+    plain = tmp_path_factory.mktemp("ranks") / f"{name}.tiktoken"
+    plain.write_bytes(gzip.decompress(bpe.openai_rank_file(name).read_bytes()))
+    return tiktoken.Encoding(name, pat_str=pattern, mergeable_ranks=load_tiktoken_bpe(str(plain)),
+                             special_tokens=specials)
+
+
+@pytest.fixture(scope="module", params=["cl100k_base", "o200k_base"])
+def openai_pair(request, tmp_path_factory):
+    pytest.importorskip("bpe_openai")
+    return bpe.openai_encoding(request.param), tiktoken_reference(request.param, tmp_path_factory)
+
+
+def test_openai_encodings_give_tiktokens_ids_on_the_corpus_and_a_unicode_stress_text(openai_pair, corpus):
+    ours, reference = openai_pair
+    for text in (corpus, STRESS):
+        ids = ours.encode(text)
+        assert ids == reference.encode_ordinary(text), f"{ours.name}: ids differ from tiktoken's"
+        assert ours.decode(ids) == text, f"{ours.name}: the round trip changed the text"
+    assert ours.vocab_size == reference.n_vocab, (ours.vocab_size, reference.n_vocab)
+
+
+def test_special_tokens_are_ids_when_allowed_and_text_otherwise(openai_pair):
+    ours, reference = openai_pair
+    text = "one<|endoftext|>two <|endofprompt|>"
+    assert ours.encode(text) == reference.encode(text, allowed_special="all")
+    assert ours.encode(text, allow_special=False) == reference.encode_ordinary(text)
+    assert ours.encode(text).count(ours.special_id("<|endoftext|>")) == 1
+
+
+@settings(max_examples=150, deadline=None)
+@given(text=st.text(max_size=60))
+def test_any_text_round_trips_and_matches_tiktoken(text, tmp_path_factory):
+    pytest.importorskip("bpe_openai")
+    ours, reference = _cl100k(tmp_path_factory)
+    ids = ours.encode(text, allow_special=False)
+    assert ours.decode(ids) == text, f"round trip of {text!r}"
+    assert ids == reference.encode_ordinary(text), f"ids of {text!r} differ from tiktoken's"
+
+
+_CL100K = {}
+
+
+def _cl100k(tmp_path_factory):
+    if not _CL100K:
+        _CL100K["pair"] = (bpe.openai_encoding("cl100k_base"), tiktoken_reference("cl100k_base", tmp_path_factory))
+    return _CL100K["pair"]
+
+
+def test_decoding_a_cut_multibyte_character_gives_the_replacement_character(tmp_path_factory):
+    pytest.importorskip("bpe_openai")
+    ours, reference = _cl100k(tmp_path_factory)
+    ids = [ours.vocab[bytes([b])] for b in "é😀".encode()[:-1]]  # the emoji's last byte cut off
+    assert ours.decode(ids) == reference.decode(ids) == "é\ufffd", ours.decode(ids)
+    assert ours.decode_bytes(ids) == "é😀".encode()[:-1]
+
+
+# ---- Hugging Face tokenizers: training and tokenizer.json --------------------------------------
+
+
+def hf_trained(text, vocab_size, specials=()):
+    tokenizers = pytest.importorskip("tokenizers")
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    tok = tokenizers.Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  special_tokens=list(specials), show_progress=False)
+    tok.train_from_iterator([text], trainer)
+    return tok
+
+
+@pytest.fixture(scope="module")
+def trained_pair(corpus, tmp_path_factory):
+    """Ours and tokenizers', both trained on the built-in corpus to 1,000 tokens, no special tokens."""
+    theirs = hf_trained(corpus, 1000)
+    path = tmp_path_factory.mktemp("hf") / "tokenizer.json"
+    theirs.save(str(path))
+    return bpe.train_bpe(corpus, 1000, special_tokens=()), theirs, path
+
+
+def test_our_trainer_learns_the_same_merges_as_tokenizers_on_the_corpus(trained_pair):
+    ours, _, path = trained_pair
+    loaded = bpe.BPETokenizer.from_tokenizer_json(path)
+    assert len(ours.merges) == 1000 - 256 and len(loaded.merges) == len(ours.merges)
+    first_difference = next((i for i, (a, b) in enumerate(zip(ours.merges, loaded.merges)) if a != b), None)
+    assert first_difference is None, f"merge {first_difference}: ours {ours.merges[first_difference]}, " \
+                                     f"tokenizers' {loaded.merges[first_difference]}"
+    assert ours.vocab == loaded.vocab, "same merges in the same order must give the same ids"
+
+
+def test_a_tokenizers_tokenizer_json_loads_with_identical_ids(trained_pair, corpus):
+    ours, theirs, path = trained_pair
+    loaded = bpe.BPETokenizer.from_tokenizer_json(path)
+    for text in (corpus[:50_000], STRESS):
+        expected = theirs.encode(text).ids
+        assert loaded.encode(text) == expected, "tokenizer.json loaded into ours encodes differently"
+        assert ours.encode(text) == expected, "our trained tokenizer encodes differently from tokenizers'"
+        assert loaded.decode(expected) == theirs.decode(expected) == text
+
+
+def test_special_tokens_given_to_both_trainers_change_nothing_but_their_ids(corpus):
+    ours = bpe.train_bpe(corpus[:100_000], 400, special_tokens=("<|endoftext|>",))
+    theirs = hf_trained(corpus[:100_000], 400, specials=("<|endoftext|>",))
+    shift = theirs.token_to_id("!")  # tokenizers puts the special tokens first, ours puts them last
+    assert shift == 1 and ours.special_id("<|endoftext|>") == 399
+    text = "end<|endoftext|>start " + corpus[:2000]
+    ours_ids = ours.encode(text)
+    theirs_ids = theirs.encode(text).ids
+    mapped = [0 if i == 399 else i + shift for i in ours_ids]
+    assert mapped == theirs_ids, "with the special token first, every other id moves by one"
+
+
+def tokenizer_json_variant(trained_pair, tmp_path, pre_tokenizer, normalizer=None, ignore_merges=False):
+    from tokenizers import Tokenizer, models
+
+    _, theirs, path = trained_pair
+    spec = json.loads(path.read_text())
+    vocab, merges = spec["model"]["vocab"], [tuple(m.split(" ")) if isinstance(m, str) else tuple(m)
+                                             for m in spec["model"]["merges"]]
+    tok = Tokenizer(models.BPE(vocab, merges, ignore_merges=ignore_merges))
+    tok.pre_tokenizer = pre_tokenizer
+    if normalizer is not None:
+        tok.normalizer = normalizer
+    tok.add_special_tokens(["<|im_start|>", "<|im_end|>"])
+    out = tmp_path / "variant.json"
+    tok.save(str(out))
+    return tok, bpe.BPETokenizer.from_tokenizer_json(out)
+
+
+QWEN2_SPLIT = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+               r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")
+
+LLAMA3_SPLIT = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
+                r"""|\s*[\r\n]+|\s+(?!\S)|\s+""")
+
+
+@pytest.mark.parametrize("variant", ["qwen2 split + NFC", "smollm2 digits", "llama3 ignore_merges", "prefix space"])
+def test_tokenizer_json_pipelines_of_real_models_give_identical_ids(variant, trained_pair, corpus, tmp_path):
+    tokenizers = pytest.importorskip("tokenizers")
+    from tokenizers import normalizers, pre_tokenizers
+
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    kwargs = {
+        "qwen2 split + NFC": dict(pre_tokenizer=pre_tokenizers.Sequence([
+            pre_tokenizers.Split(tokenizers.Regex(QWEN2_SPLIT), behavior="isolated"), byte_level]),
+            normalizer=normalizers.NFC()),
+        "smollm2 digits": dict(pre_tokenizer=pre_tokenizers.Sequence([
+            pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)])),
+        "llama3 ignore_merges": dict(pre_tokenizer=pre_tokenizers.Sequence([
+            pre_tokenizers.Split(tokenizers.Regex(LLAMA3_SPLIT), behavior="isolated"),
+            byte_level]), ignore_merges=True),
+        "prefix space": dict(pre_tokenizer=pre_tokenizers.ByteLevel(add_prefix_space=True)),
+    }[variant]
+    theirs, ours = tokenizer_json_variant(trained_pair, tmp_path, **kwargs)
+    text = STRESS + "<|im_start|>user\nHi 2024<|im_end|>" + corpus[:20_000]
+    assert ours.encode(text) == theirs.encode(text, add_special_tokens=False).ids, variant
+
+
+def test_saved_gpt2_files_load_into_tokenizers_and_back_with_identical_ids(trained_pair, tmp_path):
+    tokenizers = pytest.importorskip("tokenizers")
+    from tokenizers import models, pre_tokenizers
+
+    ours = bpe.train_bpe(STRESS * 20, 400)
+    vocab_path, merges_path = ours.save_gpt2_files(tmp_path)
+    theirs = tokenizers.Tokenizer(models.BPE.from_file(str(vocab_path), str(merges_path)))
+    theirs.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    back = bpe.BPETokenizer.from_gpt2_files(vocab_path, merges_path)
+    assert back.encode(STRESS) == ours.encode(STRESS) == theirs.encode(STRESS).ids
+    assert back.special_id("<|endoftext|>") == ours.special_id("<|endoftext|>") == 399
+
+
+def test_other_kinds_of_tokenizer_json_are_refused_by_name(tmp_path):
+    tokenizers = pytest.importorskip("tokenizers")
+    from tokenizers import models, pre_tokenizers
+
+    unigram = tokenizers.Tokenizer(models.Unigram([("<unk>", 0.0), ("a", -1.0), ("b", -2.0)], 0))
+    wordpiece = tokenizers.Tokenizer(models.WordPiece({"[UNK]": 0, "a": 1}, unk_token="[UNK]"))
+    sentencepiece_bpe = tokenizers.Tokenizer(models.BPE({"<unk>": 0, "▁a": 1, "▁": 2, "a": 3}, [("▁", "a")],
+                                                        unk_token="<unk>", byte_fallback=True))
+    sentencepiece_bpe.pre_tokenizer = pre_tokenizers.Metaspace()
+    for tok, kind in ((unigram, "Unigram"), (wordpiece, "WordPiece"), (sentencepiece_bpe, "SentencePiece")):
+        path = tmp_path / f"{kind}.json"
+        tok.save(str(path))
+        with pytest.raises(ValueError, match=kind):
+            bpe.BPETokenizer.from_tokenizer_json(path)
+
+
+# ---- our trainer and encoder on small, hand-checked cases ----------------------------------------
+
+
+def test_learn_merges_takes_the_most_frequent_pair_and_breaks_ties_by_the_smallest_ids():
+    counts = {b"hug": 10, b"pug": 5, b"pun": 12, b"bun": 4, b"hugs": 5}
+    merges = bpe.learn_merges(counts, 3)
+    # ug: 10 + 5 + 5 = 20; then un: 12 + 4 = 16; then h+ug: 15
+    assert merges == [bpe.Merge((b"u", b"g"), 20), bpe.Merge((b"u", b"n"), 16), bpe.Merge((b"h", b"ug"), 15)]
+    # a tie: ab and cd both occur 3 times; b"a" has the smaller id in GPT-2's byte order
+    assert bpe.learn_merges({b"cd": 3, b"ab": 3}, 1)[0].pair == (b"a", b"b")
+    # overlapping pairs both count: "aaa" holds (a, a) twice
+    assert bpe.learn_merges({b"aaa": 1, b"bc": 1}, 1)[0] == bpe.Merge((b"a", b"a"), 2)
+    assert bpe.learn_merges({b"ab": 1}, 5) == [bpe.Merge((b"a", b"b"), 1)], "stops when no pair is left"
+
+
+def test_merge_pair_is_left_to_right_without_overlaps():
+    assert bpe.merge_pair([5, 5, 5], (5, 5), 7) == [7, 5]
+    assert bpe.merge_pair([5, 5, 5, 5], (5, 5), 7) == [7, 7]
+    assert bpe.merge_pair([1, 2, 3, 1, 2], (1, 2), 9) == [9, 3, 9]
+
+
+def test_encoding_applies_the_earliest_merge_first_and_a_rank_table_takes_whole_pieces():
+    vocab = {bytes([b]): b for b in range(256)} | {b"bc": 256, b"ab": 257, b"abc": 258}
+    with_merges = bpe.BPETokenizer(vocab, merges=[(b"b", b"c"), (b"a", b"b"), (b"a", b"bc")])
+    assert with_merges.encode("abc") == [258], "bc is merged first, then a + bc"
+    assert with_merges.encode("ab") == [257]
+    only_ab = bpe.BPETokenizer(vocab, merges=[(b"b", b"c"), (b"a", b"b")])
+    assert only_ab.encode("abc") == [ord("a"), 256], "after b+c, a+bc is not a merge of this list"
+    ranks = bpe.BPETokenizer(vocab)  # rank table: a whole piece in the vocab is one token
+    assert ranks.encode("abc") == [258] and ranks.encode("abcab") == [258, 257]
+
+
+def test_train_bpe_gives_the_vocabulary_size_asked_for_and_round_trips(corpus):
+    tok = bpe.train_bpe(corpus[:30_000], 300)
+    assert tok.vocab_size == 300 and len(tok.merges) == 300 - 256 - 1
+    assert [tok.vocab[bytes([b])] for b in bpe.byte_order()] == list(range(256))
+    assert len(tok.encode(corpus[:30_000])) < 30_000 * 0.8, "44 merges should compress the text they came from"
+    assert tok.decode(tok.encode(STRESS)) == STRESS
+    assert tok.encode("<|endoftext|>") == [299]
+
+
+def test_the_word_cache_returns_what_merging_returns(corpus):
+    tok = bpe.train_bpe(corpus[:30_000], 400)
+    first = tok.encode(corpus[:10_000])
+    assert len(tok._cache) > 100
+    tok.clear_cache()
+    assert not tok._cache and tok.encode(corpus[:10_000]) == first
+
+
+def test_byte_symbols_are_gpt2s():
+    symbols = bpe.byte_symbols()
+    assert symbols[ord(" ")] == "Ġ" and symbols[ord("\n")] == "Ċ" and symbols[ord("a")] == "a"
+    assert len(set(symbols)) == 256
+    assert bpe.symbols_to_bytes("Ġhello") == b" hello" and bpe.bytes_to_symbols(b" hi\n") == "ĠhiĊ"
+
+
+def test_bad_input_is_a_clear_value_error(tmp_path):
+    tok = bpe.train_bpe("abc abc abd", 260, special_tokens=())
+    with pytest.raises(ValueError, match="must be a str"):
+        tok.encode(b"bytes")
+    with pytest.raises(ValueError, match="lone surrogate"):
+        tok.encode("a\ud800b")
+    with pytest.raises(ValueError, match="not a token"):
+        tok.decode([10_000])
+    with pytest.raises(ValueError, match="ints"):
+        tok.decode([1.5])
+    with pytest.raises(ValueError, match="vocab_size"):
+        bpe.train_bpe("abc", 200)
+    with pytest.raises(ValueError, match="all 256 single bytes"):
+        bpe.BPETokenizer({b"a": 0})
+    with pytest.raises(ValueError, match="not byte-level"):
+        bpe.symbols_to_bytes("▁a")
+    with pytest.raises(ValueError, match="capturing groups"):
+        bpe.BPETokenizer(tok.vocab, patterns=r"(\w+)")
+    with pytest.raises(ValueError, match="cl100k_base"):
+        bpe.openai_encoding("p50k_base")
+    (tmp_path / "bad.tiktoken").write_text("not-base64!! x\n")
+    with pytest.raises(ValueError, match="line 1"):
+        bpe.load_tiktoken_ranks(tmp_path / "bad.tiktoken")

