@@ -15,7 +15,8 @@ global batch. With equal token counts per process, the mean of the per-process l
 loss of the global batch. Only the order of floating-point additions differs.
 
 :func:`launch` starts the script in a subprocess and returns what it measured (the notebook and
-the tests use it).
+the tests use it); it starts ``tutorial_lib.parallel``'s script the same way (notebook 10), and
+:func:`init_processes` joins the process group for both.
 """
 
 from __future__ import annotations
@@ -117,13 +118,16 @@ def run(args: argparse.Namespace, rank: int = 0, world_size: int = 1, device: to
     return {"loss": history.loss, "grad_norm": history.grad_norm, "seconds": history.seconds[-1]}
 
 
-def main(argv: list[str] | None = None) -> dict:
-    args = parse_args(argv)
-    torch.set_num_threads(args.threads)
+def init_processes(device_choice: str = "auto") -> tuple[int, int, torch.device, str]:
+    """Join the process group that ``torchrun`` describes in the environment (none when this
+    is a plain single process); return (rank, world_size, device, backend).
+
+    NCCL and one GPU per process when ``device_choice`` is "auto" and this machine has a GPU
+    for every local process; otherwise gloo, and the processes share the CPU.
+    """
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
-    # NCCL needs one GPU per process on this machine; with fewer, the processes share the CPU (gloo)
-    on_gpus = (args.device == "auto" and torch.cuda.is_available()
+    on_gpus = (device_choice == "auto" and torch.cuda.is_available()
                and torch.cuda.device_count() >= int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     backend = "nccl" if on_gpus else "gloo"
     device = torch.device("cuda", local_rank) if on_gpus else torch.device("cpu")
@@ -131,6 +135,13 @@ def main(argv: list[str] | None = None) -> dict:
         torch.cuda.set_device(device)
     if world_size > 1:
         dist.init_process_group(backend)
+    return rank, world_size, device, backend if world_size > 1 else "none"
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    rank, world_size, device, backend = init_processes(args.device)
     try:
         mine = run(args, rank, world_size, device)
         if world_size > 1:
@@ -142,10 +153,17 @@ def main(argv: list[str] | None = None) -> dict:
         if world_size > 1:
             dist.destroy_process_group()
     result = {"world_size": world_size, "batch_per_process": args.batch, "global_batch": args.batch * world_size,
-              "backend": backend if world_size > 1 else "none", "device": device.type, **mine}
+              "backend": backend, "device": device.type, **mine}
     if rank == 0 and args.out is not None:
         args.out.write_text(json.dumps(result))
     return result
+
+
+def leave_without_teardown() -> None:
+    """End this process at once, after flushing its output (see the end of this file)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 # Failures of the processes' rendezvous or of their connections, not of the training: on a
@@ -154,11 +172,14 @@ _TRANSIENT = ("DistNetworkError", "Address already in use", "EADDRINUSE", "Conne
               "Connection reset by peer", "RendezvousConnectionError", "RendezvousTimeoutError")
 
 
-def launch(nproc: int, args: list[str], *, timeout: float = 600, attempts: int = 2) -> dict:
-    """Run this script as ``nproc`` processes (``torchrun --standalone``) or, for 1, plainly;
-    return rank 0's result. A start that fails in the rendezvous or in connecting the
-    processes is tried again, up to ``attempts`` times in all; any other failure raises
-    RuntimeError at once, with the processes' output."""
+def launch(nproc: int, args: list[str], *, module: str = "tutorial_lib.ddp", timeout: float = 600,
+           attempts: int = 2) -> dict:
+    """Run ``python -m module`` as ``nproc`` processes (``torchrun --standalone``) or, for 1,
+    plainly, and return what its rank 0 wrote as JSON to the path given by ``--out`` (this
+    script's result; ``tutorial_lib.parallel`` gathers every rank's results there). A start
+    that fails in the rendezvous or in connecting the processes is tried again, up to
+    ``attempts`` times in all; any other failure raises RuntimeError at once, with the
+    processes' output."""
     if nproc < 1:
         raise ValueError(f"nproc must be >= 1, got {nproc}")
     launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
@@ -171,7 +192,7 @@ def launch(nproc: int, args: list[str], *, timeout: float = 600, attempts: int =
     while True:
         with tempfile.TemporaryDirectory() as folder:
             out = Path(folder) / "result.json"
-            command = launcher + ["-m", "tutorial_lib.ddp", *args, "--out", str(out)]
+            command = launcher + ["-m", module, *args, "--out", str(out)]
             done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
             if done.returncode == 0 and out.is_file():
                 return json.loads(out.read_text())
@@ -188,6 +209,4 @@ if __name__ == "__main__":
     # Leave without the interpreter's teardown. With gloo on a CPU (torch 2.13) about one run
     # in ten aborted there ("terminate called without an active exception", SIGABRT) after
     # all the work was done and the result written, which torchrun reports as a failed run.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    leave_without_teardown()

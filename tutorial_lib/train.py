@@ -328,6 +328,15 @@ def train(model: nn.Module, get_batch: Callable[[int], tuple], steps: int, *,
     and the earlier ``history``. A ``schedule`` then continues from ``start_step``; a
     ``scheduler`` must have been restored by the caller (``tutorial_lib.checkpoint``). With
     fp16 a ``scaler`` (``torch.amp.GradScaler``) may be passed in so that its state can be saved.
+
+    Accumulation divides each micro-batch's loss by ``accumulation_steps`` before ``backward()``.
+    With a loss that is a mean over non-ignored targets (the default), the accumulated gradient
+    equals the gradient of one batch of all the step's micro-batches only when every micro-batch
+    has the same number of non-ignored targets: true for fixed-length language-model windows,
+    not for padded batches, where a target in a sparse micro-batch weighs more. Exact in every
+    case: each micro-batch's *summed* loss divided by the number of non-ignored targets of the
+    whole step, i.e. a compute_loss that returns ``summed_loss * accumulation_steps / step_count``
+    (notebook 08, section 10, shows the difference and the fix).
     """
     from tqdm.auto import tqdm
 
@@ -378,6 +387,7 @@ def train(model: nn.Module, get_batch: Callable[[int], tuple], steps: int, *,
                     raise NonFiniteError(
                         f"the loss is {loss.item()} at step {step + 1} (micro-batch {micro}). {finding} "
                         f"{_LOSS_CHECKS}", step=step + 1, kind="loss", where=where)
+                # equal to the big batch's gradient only with equal target counts per micro-batch
                 loss_to_backprop = loss / accumulation_steps
                 (scaler.scale(loss_to_backprop) if scaler else loss_to_backprop).backward()
                 total += loss.item() / accumulation_steps

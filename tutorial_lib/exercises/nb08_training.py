@@ -1,11 +1,17 @@
-"""Exercises of notebook 08 (training recipes)."""
+"""Exercises of notebook 08 (training recipes): a learning rate at a step of warmup + cosine,
+the gradient scaler's scale over a run, the exact loss of padded micro-batches, and the
+indices a DistributedSampler hands each process.
+
+The notebook explains each rule in prose and uses the library's version of it; none of these
+functions is written out there.
+"""
 
 from __future__ import annotations
 
-from dataclasses import replace
+import math
 
 import torch
-from torch import nn
+import torch.nn.functional as F
 
 from .core import Exercise, Mistake
 
@@ -14,252 +20,342 @@ def _gen(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-# ---- 08.inverse_sqrt_lr: the schedule of the original paper --------------------------------------
+# ---- 08.warmup_cosine_lr: the learning rate at one step -------------------------------------------
 
-def inverse_sqrt_lr(step, d_model, warmup_steps):
-    """lrate = d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5), step counted from 1."""
-    return d_model ** -0.5 * min(step ** -0.5, step * warmup_steps ** -1.5)
+def warmup_cosine_lr(step, peak_lr, warmup_steps, total_steps, min_ratio):
+    """Steps counted from 0 (as LambdaLR counts them). Linear warmup: (step + 1) / warmup_steps
+    of the peak for step < warmup_steps; then a cosine from the peak down to min_ratio * peak,
+    reached at step total_steps and held after it."""
+    if step < warmup_steps:
+        return peak_lr * (step + 1) / warmup_steps
+    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+    return peak_lr * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
 def _lr_cases():
-    return [(1, 512, 4000), (100, 512, 4000), (4000, 512, 4000), (10_000, 512, 4000), (50, 64, 10),
-            (5, 64, 10)]
+    #        step, peak,  warmup, total, min_ratio
+    return [(0, 1e-3, 10, 100, 0.1),      # the first step of warmup: a tenth of the peak, not 0
+            (9, 1e-3, 10, 100, 0.1),      # the last step of warmup reaches the peak
+            (10, 1e-3, 10, 100, 0.1),     # the first step of the cosine is still the peak
+            (55, 1e-3, 10, 100, 0.1),     # half-way through the decay
+            (80, 1e-3, 10, 100, 0.1),
+            (100, 1e-3, 10, 100, 0.1),    # the floor
+            (250, 1e-3, 10, 100, 0.1),    # held after the end
+            (0, 6e-4, 0, 40, 0.0),        # no warmup
+            (30, 6e-4, 0, 40, 0.0),
+            (3, 2e-3, 4, 20, 0.5)]
 
 
-def _lr_max(step, d_model, warmup_steps):
-    return d_model ** -0.5 * max(step ** -0.5, step * warmup_steps ** -1.5)
+def _lr_warmup_from_zero(step, peak_lr, warmup_steps, total_steps, min_ratio):
+    if step < warmup_steps:
+        return peak_lr * step / warmup_steps
+    return warmup_cosine_lr(step, peak_lr, warmup_steps, total_steps, min_ratio)
 
 
-def _lr_warmup_power(step, d_model, warmup_steps):
-    return d_model ** -0.5 * min(step ** -0.5, step * warmup_steps ** -0.5)
+def _lr_to_zero(step, peak_lr, warmup_steps, total_steps, min_ratio):
+    return warmup_cosine_lr(step, peak_lr, warmup_steps, total_steps, 0.0)
 
 
-def _lr_no_width(step, d_model, warmup_steps):
-    return min(step ** -0.5, step * warmup_steps ** -1.5)
+def _lr_progress_over_total(step, peak_lr, warmup_steps, total_steps, min_ratio):
+    if step < warmup_steps:
+        return peak_lr * (step + 1) / warmup_steps
+    progress = min(1.0, step / total_steps)
+    return peak_lr * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-# ---- 08.smoothed_loss: label smoothing with an ignore index ----------------------------------------
-
-def smoothed_loss(logits, targets, smoothing, ignore_index=-100):
-    """Mean over kept positions of (1 - e) * (-log p[target]) + e * mean over all V classes of (-log p)."""
-    logp = logits.log_softmax(dim=-1)  # (N, V)
-    keep = targets != ignore_index
-    logp, targets = logp[keep], targets[keep]
-    nll = -logp.gather(1, targets[:, None]).squeeze(1)
-    return ((1 - smoothing) * nll - smoothing * logp.mean(dim=-1)).mean()
+def _lr_not_held(step, peak_lr, warmup_steps, total_steps, min_ratio):
+    if step < warmup_steps:
+        return peak_lr * (step + 1) / warmup_steps
+    progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+    return peak_lr * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def _smooth_cases():
+# ---- 08.grad_scaler_scales: the gradient scaler over a run ------------------------------------------
+
+def grad_scaler_scales(found_inf, init_scale, growth_factor, backoff_factor, growth_interval):
+    """The scale after each update(), as torch.amp.GradScaler computes it: an overflow multiplies
+    the scale by backoff_factor and restarts the count of good steps; growth_interval good steps
+    in a row multiply it by growth_factor and restart the count."""
+    scale, good, scales = init_scale, 0, []
+    for overflow in found_inf:
+        if overflow:
+            scale, good = scale * backoff_factor, 0
+        else:
+            good += 1
+            if good == growth_interval:
+                scale, good = scale * growth_factor, 0
+        scales.append(scale)
+    return scales
+
+
+def _scaler_cases():
+    ok, inf = False, True
+    return [([ok, ok, ok], 1024.0, 2.0, 0.5, 3),                 # grows at exactly the third good step
+            ([inf, ok, ok, inf, ok, ok, ok], 8.0, 2.0, 0.5, 3),  # an overflow restarts the count
+            ([ok] * 6, 1.0, 2.0, 0.5, 2),                        # and so does a growth
+            ([inf, inf, ok], 100.0, 3.0, 0.25, 1),               # other factors; interval 1
+            ([], 65536.0, 2.0, 0.5, 2000),                       # no steps: no scales
+            ([ok] * 1999 + [inf] + [ok] * 2001, 65536.0, 2.0, 0.5, 2000)]  # PyTorch's defaults
+
+
+def _scaler_overflow_keeps_count(found_inf, init_scale, growth_factor, backoff_factor, growth_interval):
+    scale, good, scales = init_scale, 0, []
+    for overflow in found_inf:
+        if overflow:
+            scale *= backoff_factor
+        else:
+            good += 1
+            if good == growth_interval:
+                scale, good = scale * growth_factor, 0
+        scales.append(scale)
+    return scales
+
+
+def _scaler_count_not_restarted(found_inf, init_scale, growth_factor, backoff_factor, growth_interval):
+    scale, good, scales = init_scale, 0, []
+    for overflow in found_inf:
+        if overflow:
+            scale, good = scale * backoff_factor, 0
+        else:
+            good += 1
+            if good >= growth_interval:
+                scale *= growth_factor
+        scales.append(scale)
+    return scales
+
+
+def _scaler_one_step_late(found_inf, init_scale, growth_factor, backoff_factor, growth_interval):
+    scale, good, scales = init_scale, 0, []
+    for overflow in found_inf:
+        if overflow:
+            scale, good = scale * backoff_factor, 0
+        else:
+            if good == growth_interval:
+                scale, good = scale * growth_factor, 0
+            good += 1
+        scales.append(scale)
+    return scales
+
+
+def _scaler_before_update(found_inf, init_scale, growth_factor, backoff_factor, growth_interval):
+    after = grad_scaler_scales(found_inf, init_scale, growth_factor, backoff_factor, growth_interval)
+    return ([init_scale] + after)[:len(after)]
+
+
+# ---- 08.micro_batch_losses: exact accumulation over padded micro-batches ----------------------------
+
+def micro_batch_losses(micro_logits, micro_targets, ignore_index=-100, smoothing=0.0):
+    """One loss per micro-batch (logits (b, T, V), targets (b, T)) such that their sum is the
+    mean label-smoothed loss over every kept target of all micro-batches together: each
+    micro-batch's *summed* loss divided by the total number of kept targets. A micro-batch
+    with no kept target contributes 0."""
+    total = sum(int((t != ignore_index).sum()) for t in micro_targets)
+    return [F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten(), ignore_index=ignore_index,
+                            label_smoothing=smoothing, reduction="sum") / total
+            for logits, targets in zip(micro_logits, micro_targets)]
+
+
+def _micro_cases():
     g = _gen(8)
-    cases = []
-    for N, V, e in ((6, 5, 0.1), (10, 7, 0.25)):
-        logits = torch.randn(N, V, generator=g) * 2
-        targets = torch.randint(0, V, (N,), generator=g)
-        targets[1] = -100
-        targets[-1] = -100
-        cases.append((logits, targets, e))
-    return cases
+    V = 7
+    # equal counts: every rule that averages per micro-batch is right here
+    equal = ([torch.randn(2, 5, V, generator=g) for _ in range(2)], [torch.randint(0, V, (2, 5), generator=g)
+                                                                     for _ in range(2)])
+    # padded with -100: micro-batches with 10, 6 and 3 kept targets
+    logits = [torch.randn(2, 5, V, generator=g) * 2 for _ in range(3)]
+    targets = [torch.randint(1, V, (2, 5), generator=g) for _ in range(3)]
+    targets[1][:, 3:] = -100
+    targets[2][0, :] = -100
+    targets[2][1, 3:] = -100
+    # PAD = 0 is the ignore index; label smoothing; the last micro-batch is all padding
+    pad_logits = [torch.randn(3, 4, V, generator=g) for _ in range(3)]
+    pad_targets = [torch.randint(1, V, (3, 4), generator=g) for _ in range(3)]
+    pad_targets[0][:, 2:] = 0
+    pad_targets[1][2, :] = 0
+    pad_targets[2][:] = 0
+    return [(*equal,), (logits, targets), (pad_logits, pad_targets, 0, 0.1), (logits, targets, -100, 0.2)]
 
 
-def _smooth_over_others(logits, targets, smoothing, ignore_index=-100):
-    logp = logits.log_softmax(dim=-1)
-    keep = targets != ignore_index
-    logp, targets = logp[keep], targets[keep]
-    V = logp.size(-1)
-    target_logp = logp.gather(1, targets[:, None]).squeeze(1)
-    others = (logp.sum(dim=-1) - target_logp) / (V - 1)
-    return (-(1 - smoothing) * target_logp - smoothing * others).mean()
+def _micro_mean_over_k(micro_logits, micro_targets, ignore_index=-100, smoothing=0.0):
+    k = len(micro_logits)
+    return [F.cross_entropy(lg.flatten(0, -2), t.flatten(), ignore_index=ignore_index,
+                            label_smoothing=smoothing) / k for lg, t in zip(micro_logits, micro_targets)]
 
 
-def _smooth_ignored_in_mean(logits, targets, smoothing, ignore_index=-100):
-    logp = logits.log_softmax(dim=-1)
-    keep = targets != ignore_index
-    safe = targets.clamp(min=0)
-    per_position = (1 - smoothing) * -logp.gather(1, safe[:, None]).squeeze(1) - smoothing * logp.mean(dim=-1)
-    return (per_position * keep).sum() / len(targets)
+def _micro_all_positions(micro_logits, micro_targets, ignore_index=-100, smoothing=0.0):
+    total = sum(t.numel() for t in micro_targets)
+    return [F.cross_entropy(lg.flatten(0, -2), t.flatten(), ignore_index=ignore_index, label_smoothing=smoothing,
+                            reduction="sum") / total for lg, t in zip(micro_logits, micro_targets)]
 
 
-def _smooth_full_weight_on_target(logits, targets, smoothing, ignore_index=-100):
-    logp = logits.log_softmax(dim=-1)
-    keep = targets != ignore_index
-    logp, targets = logp[keep], targets[keep]
-    return (-logp.gather(1, targets[:, None]).squeeze(1) - smoothing * logp.mean(dim=-1)).mean()
+def _micro_default_ignore(micro_logits, micro_targets, ignore_index=-100, smoothing=0.0):
+    return micro_batch_losses(micro_logits, micro_targets, -100, smoothing)
 
 
-def _smooth_sum_not_mean(logits, targets, smoothing, ignore_index=-100):
-    logp = logits.log_softmax(dim=-1)
-    keep = targets != ignore_index
-    logp, targets = logp[keep], targets[keep]
-    return ((1 - smoothing) * -logp.gather(1, targets[:, None]).squeeze(1) - smoothing * logp.sum(dim=-1)).mean()
+def _micro_weighted_means(micro_logits, micro_targets, ignore_index=-100, smoothing=0.0):
+    counts = [int((t != ignore_index).sum()) for t in micro_targets]
+    return [F.cross_entropy(lg.flatten(0, -2), t.flatten(), ignore_index=ignore_index, label_smoothing=smoothing)
+            * n / sum(counts) for lg, t, n in zip(micro_logits, micro_targets, counts)]
 
 
-# ---- 08.clip_by_global_norm ------------------------------------------------------------------------
-
-def clip_by_global_norm(grads, max_norm):
-    """Return (clipped grads, the global norm before clipping). The global norm is the norm of
-    all gradients joined into one vector; when it exceeds max_norm every gradient is scaled by
-    max_norm / norm, so the direction is kept and the norm becomes max_norm."""
-    total = torch.sqrt(sum((g ** 2).sum() for g in grads))
-    scale = min(1.0, max_norm / total.item())
-    return [g * scale for g in grads], total.item()
+def _micro_no_smoothing(micro_logits, micro_targets, ignore_index=-100, smoothing=0.0):
+    return micro_batch_losses(micro_logits, micro_targets, ignore_index, 0.0)
 
 
-def _clip_cases():
-    g = _gen(9)
-    big = [torch.randn(3, 4, generator=g) * 3, torch.randn(5, generator=g), torch.randn(2, 2, generator=g) * 0.1]
-    small = [torch.randn(4, generator=g) * 0.01, torch.randn(2, 3, generator=g) * 0.02]
-    return [(big, 1.0), (big, 5.0), (small, 1.0), ([torch.tensor([3.0, 4.0]), torch.tensor([12.0])], 6.5)]
+# ---- 08.sampler_indices: what DistributedSampler hands each process ----------------------------------
+
+def sampler_indices(n, num_replicas, rank, drop_last=False):
+    """The indices of a dataset of n items that DistributedSampler(shuffle=False) gives process
+    ``rank`` of ``num_replicas``: without drop_last the list 0..n-1 is padded, repeating it from
+    its start, to a multiple of num_replicas; with drop_last it is cut to one. Process r takes
+    every num_replicas-th index, starting at r."""
+    if drop_last:
+        per_process = n // num_replicas
+    else:
+        per_process = -(-n // num_replicas)  # ceil
+    total = per_process * num_replicas
+    indices = list(range(n))
+    while len(indices) < total:  # padding may repeat the whole list more than once
+        indices += list(range(n))[: total - len(indices)]
+    return indices[:total][rank::num_replicas]
 
 
-def _clip_per_tensor(grads, max_norm):
-    out = [g * min(1.0, max_norm / g.norm().item()) for g in grads]
-    return out, torch.sqrt(sum((g ** 2).sum() for g in grads)).item()
+def _sampler_cases():
+    #      n, replicas, rank, drop_last
+    return [(10, 4, 0, False), (10, 4, 1, False), (10, 4, 3, False),  # 12 slots: items 0 and 1 again
+            (10, 4, 3, True),                                       # 8 slots: 8 and 9 left out
+            (8, 4, 2, False),                                       # divides evenly: nothing added
+            (2, 5, 4, False),                                       # more processes than items
+            (7, 3, 2, True), (7, 3, 2, False)]
 
 
-def _clip_always(grads, max_norm):
-    total = torch.sqrt(sum((g ** 2).sum() for g in grads)).item()
-    return [g * (max_norm / total) for g in grads], total
+def _sampler_blocks(n, num_replicas, rank, drop_last=False):
+    per_process = n // num_replicas if drop_last else -(-n // num_replicas)
+    total = per_process * num_replicas
+    indices = [i % n for i in range(total)]
+    return indices[rank * per_process:(rank + 1) * per_process]
 
 
-def _clip_norm_after(grads, max_norm):
-    clipped, total = clip_by_global_norm(grads, max_norm)
-    return clipped, min(total, max_norm)
+def _sampler_pad_with_last(n, num_replicas, rank, drop_last=False):
+    per_process = n // num_replicas if drop_last else -(-n // num_replicas)
+    total = per_process * num_replicas
+    indices = list(range(n)) + [n - 1] * max(0, total - n)
+    return indices[:total][rank::num_replicas]
 
 
-def _clip_sum_of_norms(grads, max_norm):
-    total = sum(g.norm().item() for g in grads)
-    return [g * min(1.0, max_norm / total) for g in grads], total
+def _sampler_always_padded(n, num_replicas, rank, drop_last=False):
+    return sampler_indices(n, num_replicas, rank, False)
 
 
-# ---- 08.no_decay_names: which parameters AdamW must not decay --------------------------------------
-
-def no_decay_names(model):
-    """Sorted names of the trainable parameters that get no weight decay: every parameter with
-    fewer than 2 dimensions (biases, norm scales and shifts) and every nn.Embedding table. A
-    parameter shared under two names (tied weights) counts once, under its first name."""
-    tables = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
-    return sorted(n for n, p in model.named_parameters() if p.requires_grad and (p.dim() < 2 or id(p) in tables))
-
-
-def _decay_cases():
-    from ..config import GPT_TINY, LLAMA_TINY
-    from ..gpt import DecoderOnlyLM
-
-    torch.manual_seed(0)
-    gpt = DecoderOnlyLM(replace(GPT_TINY, vocab_size=12, d_model=8, n_layers=2, n_heads=2, max_len=8))
-    llama = DecoderOnlyLM(replace(LLAMA_TINY, vocab_size=12, d_model=8, n_layers=1, n_heads=2, n_kv_heads=1,
-                                  d_ff=12, max_len=8))
-    frozen = nn.Sequential(nn.Embedding(5, 4), nn.LayerNorm(4), nn.Linear(4, 3))
-    frozen[1].weight.requires_grad_(False)
-    return [(gpt,), (llama,), (frozen,)]
-
-
-def _decay_only_biases(model):
-    return sorted(n for n, p in model.named_parameters() if p.requires_grad and n.endswith("bias"))
-
-
-def _decay_embeddings(model):
-    return sorted(n for n, p in model.named_parameters() if p.requires_grad and p.dim() < 2)
-
-
-def _decay_tied_twice(model):
-    tables = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
-    return sorted(n for n, p in model.named_parameters(remove_duplicate=False)
-                  if p.requires_grad and (p.dim() < 2 or id(p) in tables))
-
-
-def _decay_frozen_included(model):
-    tables = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
-    return sorted(n for n, p in model.named_parameters() if p.dim() < 2 or id(p) in tables)
+def _sampler_unpadded(n, num_replicas, rank, drop_last=False):
+    return list(range(n))[rank::num_replicas]
 
 
 EXERCISES = [
     Exercise(
-        name="08.inverse_sqrt_lr",
-        task="inverse_sqrt_lr(step, d_model, warmup_steps): the learning rate of Vaswani et al. (2017), "
-             "eq. 3, at step (counted from 1): d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5).",
+        name="08.warmup_cosine_lr",
+        task="warmup_cosine_lr(step, peak_lr, warmup_steps, total_steps, min_ratio): the learning rate at "
+             "step (counted from 0, as LambdaLR counts): peak_lr * (step + 1) / warmup_steps while step < "
+             "warmup_steps; then a cosine from peak_lr down to min_ratio * peak_lr, reached at step "
+             "total_steps and held after it.",
         cases=_lr_cases,
-        reference=inverse_sqrt_lr,
+        reference=warmup_cosine_lr,
         atol=1e-12,
+        forbidden=("warmup_cosine_schedule", "LambdaLR", "CosineAnnealingLR", "SequentialLR", "LinearLR"),
         mistakes={
-            "max instead of min": Mistake(
-                _lr_max, "The rate is the smaller of the two branches: the linear ramp wins during warmup, "
-                         "the 1/sqrt(step) decay after it. With max the rate would grow without bound."),
-            "warmup_steps^-0.5 instead of ^-1.5": Mistake(
-                _lr_warmup_power, "The ramp is step * warmup_steps^-1.5, so that it meets step^-0.5 exactly "
-                                  "at step = warmup_steps (both equal warmup_steps^-0.5 there)."),
-            "forgot the d_model^-0.5 factor": Mistake(
-                _lr_no_width, "Everything is multiplied by d_model^-0.5: wider models get a smaller rate."),
+            "warmup starts at 0": Mistake(
+                _lr_warmup_from_zero, "LambdaLR counts steps from 0, and the first step should already "
+                                      "move the weights: (step + 1) / warmup_steps, so that step 0 gets "
+                                      "1/warmup of the peak and step warmup_steps - 1 the whole peak."),
+            "the cosine ends at 0": Mistake(
+                _lr_to_zero, "The cosine runs from the peak down to min_ratio * peak, not to 0: "
+                             "min_ratio + (1 - min_ratio) * (1 + cos(pi * progress)) / 2."),
+            "progress counted from step 0, not from the end of warmup": Mistake(
+                _lr_progress_over_total, "The decay starts where warmup ends: progress = (step - warmup_steps)"
+                                         " / (total_steps - warmup_steps), 0 at the end of warmup and 1 at "
+                                         "total_steps."),
+            "the rate rises again after total_steps": Mistake(
+                _lr_not_held, "Past total_steps the cosine would climb back towards the peak: cap the "
+                              "progress at 1, so the rate stays at its floor."),
         },
     ),
     Exercise(
-        name="08.smoothed_loss",
-        task="smoothed_loss(logits, targets, smoothing, ignore_index=-100): logits (N, V), targets (N,). "
-             "Per kept position (1 - smoothing) * (-log p[target]) + smoothing * (mean over all V classes "
-             "of -log p); averaged over the positions whose target is not ignore_index (as "
-             "F.cross_entropy(..., label_smoothing=smoothing) does).",
-        cases=_smooth_cases,
-        reference=smoothed_loss,
+        name="08.grad_scaler_scales",
+        task="grad_scaler_scales(found_inf, init_scale, growth_factor, backoff_factor, growth_interval): "
+             "found_inf is a list of bools, one per step (True: the scaled gradients overflowed, the step is "
+             "skipped). Return the list of scales after each update(), as torch.amp.GradScaler computes them.",
+        cases=_scaler_cases,
+        reference=grad_scaler_scales,
         mistakes={
-            "smoothing spread over the other V-1 classes only": Mistake(
-                _smooth_over_others, "PyTorch (and this course) spread the smoothing mass uniformly over all V "
-                                     "classes, the target included: the uniform part is the mean of -log p "
-                                     "over every class. (Some libraries, e.g. fairseq, use V-1: a different "
-                                     "convention, not the one asked for.)"),
-            "ignored positions counted in the mean": Mistake(
-                _smooth_ignored_in_mean, "Drop the positions whose target is ignore_index before averaging: "
-                                         "the mean is over kept positions, not all of them."),
-            "kept weight 1 on the target": Mistake(
-                _smooth_full_weight_on_target, "The target's term is weighted by (1 - smoothing): the "
-                                               "smoothing mass is taken away from it, not added on top."),
-            "summed -log p over the classes instead of averaging": Mistake(
-                _smooth_sum_not_mean, "The uniform distribution puts 1/V on each class, so the smoothing term "
-                                      "is the mean of -log p over the V classes, not their sum."),
+            "an overflow does not restart the count of good steps": Mistake(
+                _scaler_overflow_keeps_count, "The scale grows after growth_interval good steps *in a row*: "
+                                              "an overflow sets the count back to 0 as well as shrinking "
+                                              "the scale."),
+            "the count is not restarted after growing": Mistake(
+                _scaler_count_not_restarted, "After growing, the scaler starts counting good steps from 0 "
+                                             "again; otherwise it would grow at every step from then on."),
+            "grows one step late": Mistake(
+                _scaler_one_step_late, "Count the good step first, then compare: the scale grows at the "
+                                       "growth_interval-th good step itself (step 3 of [ok, ok, ok] with "
+                                       "growth_interval=3)."),
+            "returned the scale before each update": Mistake(
+                _scaler_before_update, "Return the scale *after* each update(): the first entry already "
+                                       "reflects the first step (an overflow there halves it at once)."),
         },
     ),
     Exercise(
-        name="08.clip_by_global_norm",
-        task="clip_by_global_norm(grads, max_norm): grads is a list of tensors. Return (clipped, norm): norm "
-             "is the global norm before clipping, sqrt of the sum of every squared entry of every tensor; "
-             "when it exceeds max_norm every tensor is multiplied by max_norm / norm, otherwise left alone.",
-        cases=_clip_cases,
-        reference=clip_by_global_norm,
+        name="08.micro_batch_losses",
+        task="micro_batch_losses(micro_logits, micro_targets, ignore_index=-100, smoothing=0.0): lists of "
+             "logits (b, T, V) and targets (b, T), one pair per micro-batch. Return one scalar loss per "
+             "micro-batch such that their sum is the mean label-smoothed cross-entropy over every target that "
+             "is not ignore_index in all micro-batches together (so backward() on each accumulates exactly "
+             "the big batch's gradient). A micro-batch with no kept target gives 0, not NaN.",
+        cases=_micro_cases,
+        reference=micro_batch_losses,
         mistakes={
-            "clipped each tensor on its own": Mistake(
-                _clip_per_tensor, "Clip by the *global* norm: one factor for all tensors together, so the "
-                                  "direction of the whole gradient is kept."),
-            "rescaled even when the norm was below max_norm": Mistake(
-                _clip_always, "Clipping only ever shrinks: the factor is min(1, max_norm / norm)."),
-            "returned the norm after clipping": Mistake(
-                _clip_norm_after, "Report the norm *before* clipping: it is what tells you that a spike "
-                                  "happened (after clipping it is never above max_norm)."),
-            "added the tensors' norms instead of their squares": Mistake(
-                _clip_sum_of_norms, "The global norm is the norm of all entries joined into one vector: "
-                                    "sqrt(sum of squared norms), not the sum of the norms."),
+            "each micro-batch's mean divided by k": Mistake(
+                _micro_mean_over_k, "mean / k weighs every micro-batch alike, so a target in a short "
+                                    "micro-batch counts more than one in a full one. Sum each micro-batch's "
+                                    "per-target losses and divide by the number of kept targets of all "
+                                    "micro-batches together."),
+            "divided by every position, ignored ones included": Mistake(
+                _micro_all_positions, "Padding positions are not targets: count only the targets that are "
+                                      "not ignore_index."),
+            "ignore_index fixed at -100": Mistake(
+                _micro_default_ignore, "Use the ignore_index you are given: with PAD = 0 as the ignore index, "
+                                       "-100 never matches and every PAD position is counted as a target."),
+            "weighted each micro-batch's mean (NaN without targets)": Mistake(
+                _micro_weighted_means, "Weighting each mean by its count is exact, except for a micro-batch "
+                                       "with no target: its mean is 0/0 = NaN, and NaN * 0 is NaN. Sum the "
+                                       "losses instead (reduction='sum' gives 0 there)."),
+            "label smoothing left out": Mistake(
+                _micro_no_smoothing, "Pass smoothing on to the per-target loss (label_smoothing=...): the "
+                                     "weighting does not change the loss of each target."),
         },
     ),
     Exercise(
-        name="08.no_decay_names",
-        task="no_decay_names(model): the sorted names of the trainable parameters that AdamW must not "
-             "decay: every parameter with fewer than 2 dimensions (biases, norm scales and shifts) and every "
-             "nn.Embedding table; a tied parameter (one tensor under two names) counts once, under the first "
-             "name model.named_parameters() gives it.",
-        cases=_decay_cases,
-        reference=no_decay_names,
+        name="08.sampler_indices",
+        task="sampler_indices(n, num_replicas, rank, drop_last=False): the list of indices of a dataset of n "
+             "items that DistributedSampler(dataset, num_replicas, rank, shuffle=False, drop_last=drop_last) "
+             "yields for process rank.",
+        cases=_sampler_cases,
+        reference=sampler_indices,
+        forbidden=("DistributedSampler",),
         mistakes={
-            "only the biases": Mistake(
-                _decay_only_biases, "Norm scales and shifts are 1-D too: decaying a LayerNorm or RMSNorm "
-                                    "scale pulls it towards 0, which shrinks the whole layer's output."),
-            "embeddings left in the decayed group": Mistake(
-                _decay_embeddings, "Embedding tables are 2-D but are lookups, not matrices applied to every "
-                                   "input: add every nn.Embedding's weight to the no-decay list."),
-            "a tied weight listed twice": Mistake(
-                _decay_tied_twice, "model.named_parameters() already yields a shared tensor once; with "
-                                   "remove_duplicate=False the tied head.weight comes back as a second name "
-                                   "and the optimizer would see the same tensor twice."),
-            "frozen parameters included": Mistake(
-                _decay_frozen_included, "Leave out parameters with requires_grad=False: the optimizer "
-                                        "does not train them at all."),
+            "contiguous blocks instead of every num_replicas-th index": Mistake(
+                _sampler_blocks, "DistributedSampler interleaves: process r takes indices r, r + R, r + 2R, ... "
+                                 "of the padded list, not a block of consecutive ones."),
+            "padded by repeating the last item": Mistake(
+                _sampler_pad_with_last, "The padding repeats the list from its *start* (items 0, 1, ...), "
+                                        "not the last item."),
+            "drop_last ignored": Mistake(
+                _sampler_always_padded, "With drop_last=True the list is cut down to a multiple of "
+                                        "num_replicas instead of padded up: the last n % num_replicas items "
+                                        "are left out."),
+            "no padding": Mistake(
+                _sampler_unpadded, "Every process must get the same number of indices (otherwise they would "
+                                   "wait for each other's gradients at the end of an epoch): the list is "
+                                   "padded to a multiple of num_replicas."),
         },
     ),
 ]
