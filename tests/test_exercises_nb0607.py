@@ -8,11 +8,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tutorial_lib import attention, params, sampling
+from tutorial_lib import attention, moe, params, sampling
 from tutorial_lib.exercises import EXERCISES, check
 from tutorial_lib.exercises.core import MISTAKE, PASSED, WRONG, same
 
-NAMES = ["06.top_p", "06.cached_attention", "06.repeat_kv", "07.block_parameters", "07.gpt_parameters",
+NAMES = ["06.top_p", "06.cached_attention", "06.repeat_kv", "06.route", "07.block_parameters", "07.gpt_parameters",
          "07.kv_cache_bytes", "07.training_flops"]
 
 
@@ -32,6 +32,10 @@ def test_written_out_references_agree_with_the_library_on_every_case():
         assert same(got, expected), f"top-p reference differs from sampling.top_p_filter at p={p}"
     for x, n_rep in EXERCISES["06.repeat_kv"].cases():
         assert torch.equal(EXERCISES["06.repeat_kv"].reference(x, n_rep), attention.repeat_kv(x, n_rep)), n_rep
+    for logits, k in EXERCISES["06.route"].cases():
+        weights, experts = EXERCISES["06.route"].reference(logits, k)
+        expected_weights, expected_experts = moe.route(logits, k)
+        assert torch.equal(experts, expected_experts) and torch.allclose(weights, expected_weights), k
 
 
 def test_top_p_has_a_case_exactly_at_the_boundary_and_one_with_ties_at_the_cut():
@@ -84,6 +88,8 @@ UNNAMED_WRONG = {
     "06.top_p": _top_p_as_top_k,
     "06.cached_attention": _attention_unscaled,
     "06.repeat_kv": lambda x, n_rep: x.repeat_interleave(n_rep, dim=0),  # the batch repeated, not the heads
+    "06.route": lambda logits, k: (lambda top: (top.values / top.values.sum(-1, keepdim=True), top.indices))(
+        logits.topk(k, dim=-1)),  # the raw logits renormalised by their sum, with no softmax
     "07.block_parameters": lambda d_model, n_heads, n_kv_heads, d_ff, gated, bias: (
         EXERCISES["07.block_parameters"].reference(d_model, n_heads, n_kv_heads, d_ff, gated, bias)
         + (0 if bias else 2 * d_model)),  # RMSNorm counted with a shift
@@ -112,6 +118,12 @@ def test_other_correct_ways_of_writing_it_pass():
 
     assert check("06.repeat_kv", repeat_with_interleave).status == PASSED
 
+    def route_by_softmax_of_the_chosen_logits(logits, k):
+        top = logits.topk(k, dim=-1)  # the softmax of the k chosen logits equals their renormalised probabilities
+        return top.values.softmax(dim=-1), top.indices
+
+    assert check("06.route", route_by_softmax_of_the_chosen_logits).status == PASSED
+
 
 def _delegates_top_p(logits, p):
     return sampling.top_p_filter(logits, p)
@@ -123,6 +135,14 @@ def _delegates_to_the_sampler(logits, p):
 
 def _delegates_repeat_kv(x, n_rep):
     return attention.repeat_kv(x, n_rep)
+
+
+def _delegates_route(logits, k):
+    return moe.route(logits, k)
+
+
+def _delegates_to_the_moe_block(logits, k):
+    return moe.MoEFeedForward.forward, moe.route(logits, k)
 
 
 def _delegates_block(d_model, n_heads, n_kv_heads, d_ff, gated, bias):
@@ -143,6 +163,8 @@ def _delegates_kv(n_layers, batch, seq_len, n_heads, n_kv_heads, head_dim, bytes
     ("06.top_p", _delegates_top_p, "top_p_filter"),
     ("06.top_p", _delegates_to_the_sampler, "Sampler"),
     ("06.repeat_kv", _delegates_repeat_kv, "repeat_kv"),
+    ("06.route", _delegates_route, "route"),
+    ("06.route", _delegates_to_the_moe_block, "MoEFeedForward"),
     ("07.block_parameters", _delegates_block, "block_parameters"),
     ("07.kv_cache_bytes", _delegates_kv, "kv_cache_bytes"),
 ])

@@ -193,6 +193,49 @@ def _repeat_grouped_axis(x, n_rep):
     return x[:, :, None].expand(B, h_kv, n_rep, S, d)  # a group axis, never merged into the heads
 
 
+# ---- 06.route: a mixture of experts' router (tutorial_lib.moe.route computes the same) -----------
+
+def route(logits, k):
+    """Router logits (N, E) -> (weights, experts), each (N, k): the k most probable experts of
+    each token, most probable first, and their softmax probabilities divided by their sum."""
+    probs = logits.float().softmax(dim=-1)  # (N, E): over all experts
+    top = probs.topk(k, dim=-1)  # (N, k) values and indices, most probable first
+    weights = top.values / top.values.sum(dim=-1, keepdim=True)  # renormalised: each row sums to 1
+    return weights.to(logits.dtype), top.indices
+
+
+def _route_cases():
+    g = _gen(11)
+    # (N tokens, E experts) logits, distinct values (no ties), from confident to hesitant routers
+    cases = [(torch.randn(6, 4, generator=g) * 2.0, 2), (torch.randn(5, 8, generator=g), 2),
+             (torch.randn(4, 8, generator=g) * 0.3, 3), (torch.randn(3, 5, generator=g), 1),
+             (torch.randn(2, 3, generator=g), 3)]
+    # a router that prefers experts 3 then 0 for every token: the top-2 is not in index order
+    cases.append((torch.tensor([[1.5, -1.0, 0.5, 4.0], [2.0, 0.0, -3.0, 2.5]]), 2))
+    return cases
+
+
+def _route_not_renormalised(logits, k):
+    top = logits.softmax(dim=-1).topk(k, dim=-1)
+    return top.values, top.indices
+
+
+def _route_softmax_over_tokens(logits, k):
+    top = logits.softmax(dim=0).topk(k, dim=-1)
+    return top.values / top.values.sum(dim=-1, keepdim=True), top.indices
+
+
+def _route_least_probable(logits, k):
+    top = logits.softmax(dim=-1).topk(k, dim=-1, largest=False)
+    return top.values / top.values.sum(dim=-1, keepdim=True), top.indices
+
+
+def _route_experts_in_index_order(logits, k):
+    weights, experts = route(logits, k)
+    experts, order = experts.sort(dim=-1)  # ascending expert index, not most probable first
+    return weights.gather(-1, order), experts
+
+
 EXERCISES = [
     Exercise(
         name="06.top_p",
@@ -271,6 +314,30 @@ EXERCISES = [
             "kept a separate group axis": Mistake(
                 _repeat_grouped_axis, "Right values, wrong shape: (B, h_kv, n_rep, S, d_k) must become "
                 "(B, h_kv * n_rep, S, d_k), one axis of heads as the queries have."),
+        },
+    ),
+    Exercise(
+        name="06.route",
+        task="route(logits, k): router logits (N, E) -> (weights, experts), each (N, k): the k experts "
+             "with the largest softmax probability over all E experts, most probable first, and their "
+             "probabilities divided by their sum, so that each token's k weights add up to 1.",
+        cases=_route_cases,
+        reference=route,
+        forbidden=("route", "MoEFeedForward"),
+        mistakes={
+            "did not renormalise": Mistake(
+                _route_not_renormalised, "These are the probabilities of the chosen experts over all E: "
+                "they sum to less than 1. Divide them by their sum (Mixtral does; Switch and DeepSeek-V2 "
+                "keep them as they are, which is a different routing)."),
+            "softmax over the tokens": Mistake(
+                _route_softmax_over_tokens, "logits has one row per token: the softmax runs over the "
+                "experts of each token, dim=-1, not over the tokens, dim=0."),
+            "chose the least probable experts": Mistake(
+                _route_least_probable, "topk picks the largest values by default; largest=False (or an "
+                "ascending sort) picks the experts the router likes least."),
+            "experts in index order": Mistake(
+                _route_experts_in_index_order, "Right experts and weights, wrong order: return them most "
+                "probable first, as topk does, each weight beside its expert."),
         },
     ),
 ]
