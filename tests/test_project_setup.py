@@ -198,6 +198,43 @@ def test_colab_block_does_nothing_elsewhere():
     assert run_colab_block(simulate_colab=False) == []
 
 
+@pytest.mark.parametrize("gpu, capability, precision", [("Tesla T4", (7, 5), "fp16 autocast with a gradient scaler"),
+                                                         ("NVIDIA A100-SXM4-40GB", (8, 0), "bf16 autocast")])
+def test_the_generated_block_prints_the_gpu_and_the_precision(capsys, gpu, capability, precision):
+    """On every machine the first cell says what computes; on a GPU its name and the precision that
+    train(..., precision=default_precision(device)) will use there (fp16 and a scaler on a T4)."""
+    from test_gpu_settings import mocked_gpu
+    with mocked_gpu(gpu, capability):
+        assert run_colab_block(simulate_colab=False) == [], "nothing is installed outside Colab"
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("running on cuda") and gpu in line and precision in line, line
+
+
+def test_the_generated_block_names_the_cpu_where_there_is_no_gpu(capsys):
+    with mock.patch("torch.cuda.is_available", return_value=False), \
+            mock.patch("torch.backends.mps.is_available", return_value=False):
+        run_colab_block(simulate_colab=False)
+    assert capsys.readouterr().out.startswith("running on cpu ("), "the CPU and its threads"
+
+
+def test_sync_moves_the_device_line_into_the_generated_block():
+    """The hand-written `print("running on", describe(device))` of older first cells is dropped (the
+    block prints it now); the rest of the cell stays, and syncing twice changes nothing."""
+    sync = load_sync_tool()
+    old = ("# Colab set-up: installs tutorial_lib on Colab, does nothing elsewhere.\nimport sys\n"
+           "if \"google.colab\" in sys.modules:\n    import subprocess\n"
+           "    subprocess.run([sys.executable, \"-m\", \"pip\", \"install\", \"--quiet\",\n"
+           f"                    \"tutorial_lib @ git+{project.REPOSITORY_URL}@main\"], check=True)\n"
+           "from tutorial_lib.device import describe, pick_device\n\ndevice = pick_device()\n"
+           "print(\"running on\", describe(device))\nprint(\"running on\", describe(device), \"and more\")\n")
+    new = sync.synced_source(old, "0123abc")
+    assert new == (project.colab_setup_block("0123abc") + "from tutorial_lib.device import describe, pick_device\n"
+                   "\ndevice = pick_device()\nprint(\"running on\", describe(device), \"and more\")\n"), new
+    assert new.count("describe(pick_device())") == 1
+    assert sync.synced_source(new, "0123abc") == new, "syncing twice changes nothing"
+    assert sync.synced_source(new, "4567def") == new.replace("0123abc", "4567def"), "a new pin replaces the old"
+
+
 def test_colab_urls_are_built_from_the_configured_repository():
     url = project.colab_url("01_attention.ipynb")
     assert url.startswith("https://colab.research.google.com/github/")

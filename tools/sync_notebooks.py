@@ -1,6 +1,7 @@
 """Write the generated parts of every notebook from tutorial_lib/project.py:
 the "Open in Colab" badge under the title and the Colab set-up block that starts the first
-code cell, which installs tutorial_lib at a pinned commit.
+code cell, which installs tutorial_lib at a pinned commit and prints the device (on a GPU: its
+name and the precision training will use).
 
     python tools/sync_notebooks.py                      # rewrite every notebook in place
     python tools/sync_notebooks.py notebooks/05_x.ipynb  # only the ones named
@@ -24,7 +25,7 @@ import nbformat
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tutorial_lib.project import PACKAGE_PATHS, colab_badge, colab_setup_block  # noqa: E402
+from tutorial_lib.project import DEVICE_LINES, PACKAGE_PATHS, colab_badge, colab_setup_block  # noqa: E402
 
 MARK = "# Colab set-up:"
 
@@ -50,13 +51,20 @@ def package_revision(root: Path = ROOT) -> str:
     return log.stdout.strip()
 
 
+# What notebooks printed by hand before the generated block did: dropped, or it would print twice.
+HAND_WRITTEN_DEVICE_LINE = 'print("running on", describe(device))'
+
+
 def synced_source(source: str, revision: str) -> str:
-    """The first code cell's source with its Colab block replaced by the generated one."""
+    """The first code cell's source with its Colab block replaced by the generated one, and the
+    hand-written line that printed the device (now the block's job) removed."""
     block = colab_setup_block(revision)
     if source.startswith(MARK):
-        # the old block runs up to its closing `check=True)` line
+        # an older block runs up to its closing `check=True)` line, the current one to DEVICE_LINES
         end = source.index("check=True)\n") + len("check=True)\n")
-        source = source[end:]
+        source = source[end:].removeprefix(DEVICE_LINES)
+    source = "".join(line for line in source.splitlines(keepends=True)
+                     if line.strip() != HAND_WRITTEN_DEVICE_LINE)
     return block + source.lstrip("\n") if source.strip() else block
 
 

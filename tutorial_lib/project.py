@@ -51,20 +51,30 @@ def colab_badge(notebook: str) -> str:
     )
 
 
+# The last lines of the generated block: on every machine, say what will compute and, on a GPU, in
+# which precision the notebook's training runs (tutorial_lib.device.describe).
+DEVICE_LINES = (
+    "from tutorial_lib.device import describe, pick_device\n"
+    "print(\"running on\", describe(pick_device()))  # a GPU's name, memory and training precision\n"
+)
+
+
 def colab_setup_block(revision: str) -> str:
     """The lines that start the first code cell of every notebook.
 
     On Colab they install tutorial_lib (and its dependencies) from the repository at
     ``revision``, the commit the notebook was synced with; anywhere else the ``if`` is false and
-    nothing happens.
+    nothing is installed. Then, everywhere, they print the device that will compute and, on a
+    GPU, its name and the precision training will use there (:data:`DEVICE_LINES`).
     """
     return (
-        f"{_MARK} installs tutorial_lib on Colab, does nothing elsewhere.\n"
+        f"{_MARK} installs tutorial_lib on Colab (nowhere else), names the device.\n"
         "import sys\n"
         "if \"google.colab\" in sys.modules:  # the library at the commit this notebook was made with\n"
         "    import subprocess\n"
         "    subprocess.run([sys.executable, \"-m\", \"pip\", \"install\", \"--quiet\",\n"
         f"                    \"{install_spec(revision)}\"], check=True)\n"
+        + DEVICE_LINES
     )
 
 
