@@ -248,5 +248,7 @@ def test_clear_errors(tmp_path):
     with pytest.raises(ValueError, match="step must be a non-negative int"):
         save_checkpoint(tmp_path, model, step=-1)
     other = DecoderOnlyLM(replace(CFG, d_model=32))
-    with pytest.raises(RuntimeError, match="size mismatch"):
+    with pytest.raises(ValueError, match=r"parameter 'embed.tokens.weight' has shape \(16, 16\) in "
+                                         r"model-00000000.safetensors but \(16, 32\) in this model.*"
+                                         r"saved_config.*d_model=16 \(this model: 32\)"):
         load_checkpoint(tmp_path, other)

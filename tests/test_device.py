@@ -74,3 +74,15 @@ def test_check_environment_reports_ok_and_fail():
     assert rows[0][2] in (torch.__version__, torch.__version__.split("+")[0])
     assert rows[1][:2] == ("surely_not_a_package_xyz", "FAIL") and "ModuleNotFoundError" in rows[1][2]
     assert rows[2][1] == "missing (optional)"
+
+
+def test_check_environment_finds_server_packages_without_importing_them(monkeypatch):
+    import sys
+
+    from tutorial_lib import device
+
+    monkeypatch.setattr(device, "SERVER_PACKAGES", ("jupyterlab", "surely_not_a_server_xyz"))
+    monkeypatch.delitem(sys.modules, "jupyterlab", raising=False)
+    rows = device.check_environment(required=("jupyterlab", "surely_not_a_server_xyz"), optional=())
+    assert rows[0][:2] == ("jupyterlab", "OK") and "jupyterlab" not in sys.modules
+    assert rows[1][1] == "FAIL" and "ModuleNotFoundError" in rows[1][2]

@@ -1,6 +1,8 @@
 """Every checker accepts its reference solution, names each of its mistakes, and reports a
 stub as not attempted (without raising)."""
 
+import types
+
 import pytest
 
 from tutorial_lib.exercises import EXERCISES, check, exercise_names, solution
@@ -76,3 +78,12 @@ def test_an_attempt_that_calls_a_forbidden_name_is_wrong_and_the_name_is_given()
     assert grade(exercise, writes_it).status == PASSED
     assert grade(exercise, lambda x: x * 2).status == PASSED  # a lambda's source is read too
     assert grade(exercise, double_it).status == PASSED  # a function may bear the name of what it rebuilds
+
+    helpers = types.SimpleNamespace(double_it=double_it)
+
+    def double_it_again(x):  # the same name as the forbidden one, but reaching the library's
+        return helpers.double_it(x)
+
+    double_it_again.__name__ = "double_it"
+    result = grade(exercise, double_it_again)
+    assert result.status == WRONG and "double_it" in result.message, str(result)

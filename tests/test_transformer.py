@@ -108,5 +108,5 @@ def test_bad_configs_and_inputs_raise():
     model, src, tgt = model_and_batch()
     with pytest.raises(ValueError, match="targets must have the shape"):
         model(src, tgt, tgt[:, :-1])
-    with pytest.raises(ValueError, match=r"must lie in \[0, 12\]"):
+    with pytest.raises(ValueError, match=r"tgt_in must hold ids in \[0, 12\] \(size 13\); it holds \[23, 26"):
         model(src, tgt + 20)

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .checks import check_count, check_number
 from .masks import causal_mask, combine
 
 
@@ -40,14 +41,8 @@ def _shape(t: Tensor) -> tuple[int, ...]:
 def check_attention_inputs(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
                            bias: Tensor | None = None) -> None:
     """Raise ``ValueError`` unless q (B, h, T, d_k), k and v (B, h_kv, S, d_k) and the mask
-    and bias fit together. Only shapes, dtypes and devices are read (no tensor data).
-
-    The mask and the bias are 2-D (T, S), shared by every example and head, or 4-D,
-    broadcastable to (B, h, T, S). A 3-D one is refused: broadcasting would line up its first
-    axis with the heads, so a (B, T, S) mask with B == h would silently give example b's mask
-    to head b. A 2-D mask is always read as (T, S); a (B, S) key-padding mask needs
-    ``mask[:, None, None, :]``.
-    """
+    and bias fit together (see :func:`check_mask`). Only shapes, dtypes and devices are read
+    (no tensor data)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, Tensor):
             raise ValueError(f"{name} must be a tensor (B, heads, length, d_k), got {type(t).__name__}")
@@ -68,39 +63,52 @@ def check_attention_inputs(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None 
         raise ValueError(f"k and v must have the same heads and length, got {_shape(k)} and {_shape(v)}")
     if h % h_k:
         raise ValueError(f"the number of query heads ({h}) must be a multiple of the key/value heads ({h_k})")
-    if mask is None and bias is None:
-        return
-    target = (B, h, T, S)
     for name, m in (("mask", mask), ("bias", bias)):
-        if m is None:
-            continue
-        if not isinstance(m, Tensor):
-            raise ValueError(f"{name} must be a tensor, got {type(m).__name__}")
-        if name == "mask" and m.dtype != torch.bool:
-            raise ValueError(
-                f"mask must be boolean (True = may attend), got dtype {m.dtype}; "
-                "convert an additive float mask with tutorial_lib.masks.from_additive"
-            )
-        if name == "bias" and not m.is_floating_point():
-            raise ValueError(f"bias must be a floating-point tensor, got dtype {m.dtype}")
-        if m.device != q.device:
-            raise ValueError(f"{name} is on {m.device} but q is on {q.device}; move it with .to(q.device)")
-        if m.dim() == 3:
-            raise ValueError(
-                f"a 3-D {name} of shape {_shape(m)} is ambiguous: its first axis would be read as heads. "
-                f"Add the head axis for a per-example {name} (B, T, S): {name}[:, None] gives (B, 1, T, S); "
-                f"add the batch axis for a per-head one (h, T, S): {name}[None] gives (1, h, T, S)"
-            )
-        try:
-            broadcast = torch.broadcast_shapes(m.shape, target)
-        except RuntimeError:
-            broadcast = None
-        if m.dim() not in (2, 4) or broadcast != target:
-            hint = ""
-            if m.dim() == 2 and m.shape != (T, S) and m.size(0) == B:
-                hint = f"; a 2-D {name} is read as (T, S): a (B, S) key-padding mask needs {name}[:, None, None, :]"
-            raise ValueError(f"{name} of shape {_shape(m)} does not broadcast to (B, h, T, S) = {target}; "
-                             f"expected (T, S) = {(T, S)} or a 4-D {name}{hint}")
+        if m is not None:
+            check_mask(name, m, (B, h, T, S), q.device, bias=name == "bias")
+
+
+def check_mask(name: str, m, target: tuple[int, int, int, int], device: torch.device | None = None, *,
+               bias: bool = False) -> None:
+    """Raise ``ValueError`` unless ``m`` is a boolean mask (a float tensor with ``bias=True``)
+    of shape (T, S) or 4-D, broadcastable to ``target`` = (B, h, T, S). ``name`` is the
+    caller's name for it (``mask``, ``src_mask``, ...). Reads metadata only.
+
+    A 3-D one is refused: broadcasting would line up its first axis with the heads, so a
+    (B, T, S) mask with B == h would silently give example b's mask to head b. A 2-D mask is
+    always read as (T, S); a (B, S) key-padding mask needs ``mask[:, None, None, :]``.
+    """
+    B, h, T, S = target
+    if not isinstance(m, Tensor):
+        raise ValueError(f"{name} must be a tensor, got {type(m).__name__}")
+    if bias:
+        if not m.is_floating_point():
+            raise ValueError(f"{name} must be a floating-point tensor, got dtype {m.dtype}")
+    elif m.dtype != torch.bool:
+        raise ValueError(
+            f"{name} must be boolean (True = may attend), got dtype {m.dtype}; "
+            "convert an additive float mask with tutorial_lib.masks.from_additive"
+        )
+    if device is not None and m.device != device:
+        raise ValueError(f"{name} is on {m.device} but the queries are on {device}; move it with .to()")
+    if m.dim() == 3:
+        raise ValueError(
+            f"a 3-D {name} of shape {_shape(m)} is ambiguous: its first axis would be read as heads. "
+            f"Add the head axis for a per-example {name} (B, T, S): {name}[:, None] gives (B, 1, T, S); "
+            f"add the batch axis for a per-head one (h, T, S): {name}[None] gives (1, h, T, S)"
+        )
+    if m.dim() not in (2, 4):
+        raise ValueError(f"{name} must be 2-D (T, S) or 4-D, broadcastable to (B, h, T, S) = {target}; got a "
+                         f"{m.dim()}-D {name} of shape {_shape(m)}")
+    try:
+        broadcast = torch.broadcast_shapes(m.shape, target)
+    except RuntimeError:
+        broadcast = None
+    if broadcast != target:
+        hint = ""
+        if m.dim() == 2 and m.shape != (T, S) and m.size(0) == B:
+            hint = f"; a 2-D {name} is read as (T, S): a (B, S) key-padding mask needs {name}[:, None, None, :]"
+        raise ValueError(f"{name} of shape {_shape(m)} does not broadcast to (B, h, T, S) = {target}{hint}")
 
 
 def repeat_kv(x: Tensor, n_rep: int) -> Tensor:
@@ -137,8 +145,8 @@ def scaled_dot_product_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor |
     paths agree to the rounding of the output dtype.
     """
     check_attention_inputs(q, k, v, mask, bias)
-    if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"dropout_p must lie in [0, 1), got {dropout_p}")
+    if dropout_p != 0.0:  # the usual value costs one comparison
+        check_number("dropout_p", dropout_p, low=0.0, high=1.0, high_open=True)
     autocast_dtype = _autocast_dtype(q.device)
     out_dtype = autocast_dtype or q.dtype
     # under autocast, switch it off here: it would run the products below in its low precision
@@ -174,8 +182,8 @@ def fused_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
     only overwritten in the output still flows into the gradients of the backward pass.
     """
     check_attention_inputs(q, k, v, mask, bias)
-    if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"dropout_p must lie in [0, 1), got {dropout_p}")
+    if dropout_p != 0.0:  # the usual value costs one comparison
+        check_number("dropout_p", dropout_p, low=0.0, high=1.0, high_open=True)
     T, S = q.size(-2), k.size(-2)
     if is_causal and T == 1:
         is_causal = False  # one query, the newest position: it may see every key (cached decoding)
@@ -270,8 +278,7 @@ class KVCache:
     """The key/value caches of a whole stack, one :class:`LayerKVCache` per layer."""
 
     def __init__(self, n_layers: int) -> None:
-        if n_layers < 1:
-            raise ValueError(f"n_layers must be >= 1, got {n_layers}")
+        check_count("n_layers", n_layers)
         self.layers = [LayerKVCache() for _ in range(n_layers)]
 
     def __len__(self) -> int:
@@ -299,19 +306,19 @@ class MultiHeadAttention(nn.Module):
                  head_dim: int | None = None, bias: bool = True, out_bias: bool | None = None,
                  dropout: float = 0.0, rotary: nn.Module | None = None):
         super().__init__()
-        n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
-        if d_model < 1 or n_heads < 1 or n_kv_heads < 1:
-            raise ValueError(f"expected positive sizes, got d_model={d_model}, n_heads={n_heads}, "
-                             f"n_kv_heads={n_kv_heads}")
-        if head_dim is None:
+        check_count("d_model", d_model)
+        check_count("n_heads", n_heads)
+        n_kv_heads = n_heads if n_kv_heads is None else check_count("n_kv_heads", n_kv_heads)
+        if head_dim is not None:
+            check_count("head_dim", head_dim)
+        else:
             if d_model % n_heads:
                 raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads}), "
                                  "or give head_dim explicitly")
             head_dim = d_model // n_heads
         if n_heads % n_kv_heads:
             raise ValueError(f"n_heads ({n_heads}) must be divisible by n_kv_heads ({n_kv_heads})")
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout must lie in [0, 1), got {dropout}")
+        check_number("dropout", dropout, low=0.0, high=1.0, high_open=True)
         self.d_model, self.n_heads, self.n_kv_heads, self.head_dim = d_model, n_heads, n_kv_heads, head_dim
         self.dropout = dropout
         self.q_size = n_heads * head_dim
@@ -347,6 +354,8 @@ class MultiHeadAttention(nn.Module):
         values are computed on the first call and reused afterwards.
         ``need_weights=True`` takes the written-out path and returns the weights.
         """
+        if not isinstance(x, Tensor):
+            raise ValueError(f"x must be a tensor (B, T, d_model={self.d_model}), got {type(x).__name__}")
         if x.dim() != 3 or x.size(-1) != self.d_model:
             raise ValueError(f"x must have shape (B, T, d_model={self.d_model}), got {_shape(x)}")
         if context is not None and (context.dim() != 3 or context.size(-1) != self.d_model

@@ -7,6 +7,7 @@ below every time they are read, so a replaced ``d_model`` or ``bias`` carries th
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields, replace
 
 FAMILIES = ("encoder", "decoder", "encoder-decoder")
@@ -16,6 +17,12 @@ FFNS = ("relu", "gelu", "gelu_tanh", "swiglu", "geglu", "geglu_tanh")
 GATED_FFNS = ("swiglu", "geglu", "geglu_tanh")  # three matrices: gate, up, down
 POSITIONS = ("learned", "sinusoidal", "rope", "alibi", "relative", "none")
 BIAS_PARTS = ("qkv", "out", "ffn", "norm")
+
+
+_OPTIONAL_BOOL_FIELDS = ("final_norm", "qkv_bias", "out_bias", "ffn_bias", "norm_bias")
+_BOOL_FIELDS = ("bias", "tie_embeddings", "scale_embeddings", "share_embeddings", "embedding_norm", "pooler",
+                "zero_init_out", "scale_residual_init", "shared_expert_gate", "renormalise_topk",
+                "qk_norm") + _OPTIONAL_BOOL_FIELDS
 
 
 @dataclass(frozen=True)
@@ -145,11 +152,23 @@ class ModelConfig:
             raise ValueError(f"RoPE needs an even head width, got d_k = {self.d_k}")
         if self.positions == "sinusoidal" and self.d_model % 2:
             raise ValueError(f"sinusoidal positions need an even d_model, got {self.d_model}")
+        for name in ("norm_eps", "rope_base", "init_std", "qk_gain", "dropout"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number, got {value!r}")
+        for name in _BOOL_FIELDS:
+            value = getattr(self, name)
+            if not isinstance(value, bool) and not (value is None and name in _OPTIONAL_BOOL_FIELDS):
+                allowed = "True, False or None" if name in _OPTIONAL_BOOL_FIELDS else "True or False"
+                raise ValueError(f"{name} must be {allowed}, got {value!r}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must lie in [0, 1), got {self.dropout}")
         if self.norm_eps <= 0 or self.init_std <= 0 or self.qk_gain <= 0:
             raise ValueError("norm_eps, init_std and qk_gain must be positive, got "
                              f"{self.norm_eps}, {self.init_std}, {self.qk_gain}")
+        if self.rope_base <= 1:
+            raise ValueError(f"rope_base must be > 1 (the rotation frequencies are base^(-2i/d_k)), "
+                             f"got {self.rope_base}")
         if self.zero_init_out and self.scale_residual_init:
             raise ValueError("choose zero_init_out or scale_residual_init, not both")
         if self.family != "encoder-decoder" and (self.n_decoder_layers is not None or self.share_embeddings
@@ -423,6 +442,10 @@ def preset(name: str, **changes) -> ModelConfig:
     """A named preset, optionally with some fields replaced."""
     if name not in PRESETS:
         raise ValueError(f"no preset named {name!r}; the presets are {sorted(PRESETS)}")
+    known = {f.name for f in fields(ModelConfig)}
+    unknown = sorted(set(changes) - known)
+    if unknown:
+        raise ValueError(f"unknown ModelConfig fields {unknown}; known fields are {sorted(known)}")
     return replace(PRESETS[name], **changes)
 
 

@@ -11,6 +11,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from .checks import check_count, check_number
+
 
 @dataclass(frozen=True)
 class CharTokenizer:
@@ -22,8 +24,16 @@ class CharTokenizer:
 
     @classmethod
     def from_text(cls, text: str | Iterable[str], specials: Sequence[str] = ()) -> CharTokenizer:
-        chars = sorted(set("".join(text) if not isinstance(text, str) else text))
-        return cls(tuple(chars), tuple(specials))
+        if not isinstance(text, str):
+            text = list(text) if isinstance(text, Iterable) else text
+            if not isinstance(text, list) or not all(isinstance(t, str) for t in text):
+                raise ValueError(f"text must be a string or strings, got {type(text).__name__}")
+            text = "".join(text)
+        if not text:
+            raise ValueError("text is empty: a character tokenizer needs at least one character")
+        if isinstance(specials, str):
+            raise ValueError(f"specials must be a sequence of strings, e.g. ('<pad>',), got the string {specials!r}")
+        return cls(tuple(sorted(set(text))), tuple(specials))
 
     def __post_init__(self) -> None:
         if len(set(self.chars)) != len(self.chars) or any(len(c) != 1 for c in self.chars):
@@ -42,14 +52,20 @@ class CharTokenizer:
         return self.specials.index(token)
 
     def encode(self, text: str) -> list[int]:
+        if not isinstance(text, str):
+            raise ValueError(f"encode takes a string, got {type(text).__name__}")
         try:
             return [self._index[c] for c in text]
         except KeyError as err:
-            raise ValueError(f"character {err.args[0]!r} is not in the tokenizer's vocabulary") from None
+            where = text.index(err.args[0])
+            raise ValueError(f"character {err.args[0]!r} is not in the tokenizer's vocabulary (first at "
+                             f"text[{where}]; the tokenizer knows {len(self.chars)} characters)") from None
 
     def decode(self, ids: Iterable[int] | Tensor, *, skip_specials: bool = True) -> str:
         if isinstance(ids, Tensor):
             ids = ids.tolist()
+        if not isinstance(ids, Iterable) or isinstance(ids, str):
+            raise ValueError(f"decode takes a flat sequence of integer ids, got {ids!r}")
         n = len(self.specials)
         out = []
         for i in ids:
@@ -63,6 +79,13 @@ class CharTokenizer:
             else:
                 raise ValueError(f"id {i} is outside the vocabulary of {self.vocab_size}")
         return "".join(out)
+
+
+def _check_stream(name: str, stream) -> None:
+    if not isinstance(stream, Tensor) or stream.dim() != 1 or stream.dtype.is_floating_point:
+        got = f"{stream.dtype} {tuple(stream.shape)}" if isinstance(stream, Tensor) else type(stream).__name__
+        raise ValueError(f"{name} must be a 1-D token stream (an integer tensor, e.g. torch.tensor(tok.encode(text))), "
+                         f"got {got}")
 
 
 def builtin_corpus() -> str:
@@ -92,10 +115,8 @@ def load_corpus(path: str | Path | None = None) -> str:
 def train_val_split(ids: Tensor, val_fraction: float = 0.1) -> tuple[Tensor, Tensor]:
     """Split a 1-D token stream: the first part for training, the last ``val_fraction`` for
     validation (contiguous, so no validation text leaks into training windows)."""
-    if ids.dim() != 1:
-        raise ValueError(f"expected a 1-D token stream, got shape {tuple(ids.shape)}")
-    if not 0.0 < val_fraction < 1.0:
-        raise ValueError(f"val_fraction must lie in (0, 1), got {val_fraction}")
+    _check_stream("ids", ids)
+    check_number("val_fraction", val_fraction, low=0.0, high=1.0, low_open=True, high_open=True)
     cut = int(len(ids) * (1 - val_fraction))
     if cut == 0 or cut == len(ids):
         raise ValueError(f"{len(ids)} tokens with val_fraction={val_fraction} leave one of the parts empty")
@@ -105,10 +126,9 @@ def train_val_split(ids: Tensor, val_fraction: float = 0.1) -> tuple[Tensor, Ten
 def lm_batch(stream: Tensor, batch_size: int, block_size: int, generator: torch.Generator | None = None,
              device=None) -> tuple[Tensor, Tensor]:
     """Random windows of a token stream: inputs (B, T) and the next tokens (B, T)."""
-    if stream.dim() != 1:
-        raise ValueError(f"expected a 1-D token stream, got shape {tuple(stream.shape)}")
-    if batch_size < 1 or block_size < 1:
-        raise ValueError(f"batch_size and block_size must be >= 1, got {batch_size} and {block_size}")
+    _check_stream("stream", stream)
+    check_count("batch_size", batch_size)
+    check_count("block_size", block_size)
     if len(stream) <= block_size:
         raise ValueError(f"the stream ({len(stream)} tokens) must be longer than block_size ({block_size})")
     starts = torch.randint(0, len(stream) - block_size, (batch_size,), generator=generator)
@@ -122,13 +142,11 @@ def lm_windows(stream: Tensor, block_size: int, max_windows: int | None = None) 
     """Consecutive, non-overlapping windows of a token stream, for evaluation: inputs (N, T) and
     the next tokens (N, T). Every token after the first is a target exactly once, up to the last
     whole window; ``max_windows`` keeps only the first N windows."""
-    if stream.dim() != 1:
-        raise ValueError(f"expected a 1-D token stream, got shape {tuple(stream.shape)}")
-    if block_size < 1:
-        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    _check_stream("stream", stream)
+    check_count("block_size", block_size)
     n = (len(stream) - 1) // block_size
     if max_windows is not None:
-        n = min(n, max_windows)
+        n = min(n, check_count("max_windows", max_windows))
     if n < 1:
         raise ValueError(f"the stream ({len(stream)} tokens) must be longer than block_size ({block_size})")
     x = stream[: n * block_size].view(n, block_size)  # (N, T)
@@ -138,8 +156,15 @@ def lm_windows(stream: Tensor, block_size: int, max_windows: int | None = None) 
 
 def pad_sequences(seqs: Sequence[Sequence[int]], pad_id: int, length: int | None = None) -> Tensor:
     """Right-pad lists of ids to one length: (B, L) long tensor."""
-    if not seqs:
-        raise ValueError("no sequences to pad")
+    if isinstance(seqs, (str, Tensor)) or not seqs:
+        raise ValueError(f"pad_sequences takes a non-empty list of id lists, got {type(seqs).__name__} {seqs!r:.60}")
+    if isinstance(pad_id, bool) or not isinstance(pad_id, int):
+        raise ValueError(f"pad_id must be an int token id, got {pad_id!r}")
+    for i, s in enumerate(seqs):
+        ids_tensor = isinstance(s, Tensor) and s.dim() == 1 and not (s.dtype.is_floating_point or s.dtype == torch.bool)
+        if not ids_tensor and (isinstance(s, (str, Tensor)) or not isinstance(s, Iterable)
+                               or not all(isinstance(t, int) and not isinstance(t, bool) for t in s)):
+            raise ValueError(f"seqs[{i}] must be a list of int ids, got {s!r:.60}")
     longest = max(len(s) for s in seqs)
     length = longest if length is None else length
     if longest > length:

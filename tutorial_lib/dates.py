@@ -45,6 +45,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
+from .checks import check_count
 from .config import ModelConfig
 from .data import CharTokenizer, pad_sequences
 from .sampling import beam_search, greedy_decode
@@ -275,8 +276,7 @@ def make_batch(examples: Sequence[DateExample], device=None) -> DateBatch:
 def sample_examples(n: int, generator: torch.Generator, *, dates: Sequence[date] = TRAIN_DATES,
                     formats: Sequence[str] = FORMAT_NAMES) -> list[DateExample]:
     """``n`` examples with dates and formats drawn uniformly (with replacement) by ``generator``."""
-    if n < 1:
-        raise ValueError(f"n must be >= 1, got {n}")
+    check_count("n", n)
     for f in formats:
         if f not in FORMATS:
             raise ValueError(f"no date format named {f!r}; the formats are {list(FORMATS)}")
@@ -293,8 +293,8 @@ def train_batch(batch_size: int, generator: torch.Generator, device=None) -> Dat
 def held_out_examples(n: int = N_HELD_OUT) -> list[DateExample]:
     """The fixed held-out set: ``n`` (at most 1,000) examples on held-out dates, the formats
     taken in turn so each is equally represented. The same list on every call and machine."""
-    if not 1 <= n <= N_HELD_OUT:
-        raise ValueError(f"n must lie in 1..{N_HELD_OUT}, got {n}")
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= N_HELD_OUT:
+        raise ValueError(f"n must lie in 1..{N_HELD_OUT}, got {n!r}")
     rng = random.Random(_HELD_OUT_SEED)
     chosen = rng.sample(HELD_OUT_DATES, N_HELD_OUT)
     examples = [make_example(d, FORMAT_NAMES[i % len(FORMAT_NAMES)]) for i, d in enumerate(chosen)]
@@ -305,6 +305,8 @@ def exact_match(predictions: Sequence[str], targets: Sequence[str]) -> float:
     """Fraction of predictions equal to their target, character for character."""
     if len(predictions) != len(targets):
         raise ValueError(f"got {len(predictions)} predictions for {len(targets)} targets")
+    if not targets:
+        raise ValueError("exact_match needs at least one target")
     return sum(p == t for p, t in zip(predictions, targets)) / len(targets)
 
 
@@ -332,6 +334,9 @@ def predict(model: nn.Module, sources: Sequence[str], *, beam_width: int = 1, ba
             **beam_options) -> list[str]:
     """The model's ISO date for each source string: greedy decoding (``beam_width=1``) or beam
     search (``beam_options``: length_penalty_alpha, coverage_beta)."""
+    if isinstance(sources, str) or not all(isinstance(s, str) for s in sources):
+        raise ValueError(f"sources must be a list of strings, e.g. ['3 March 1998'], got {sources!r:.60}")
+    check_count("batch_size", batch_size)
     device = next(model.parameters()).device
     answers = []
     for start in range(0, len(sources), batch_size):

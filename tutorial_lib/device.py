@@ -113,15 +113,24 @@ REQUIRED_PACKAGES = ("torch", "numpy", "matplotlib", "ipywidgets", "jupyterlab",
 OPTIONAL_PACKAGES = ("transformers", "pytest", "nbval")
 
 
+# Packages that run the notebook server, not the kernel: found and versioned, not imported
+# (importing jupyterlab in a kernel takes about a second and checks nothing the kernel uses).
+SERVER_PACKAGES = ("jupyterlab",)
+
+
 def check_environment(required=REQUIRED_PACKAGES, optional=OPTIONAL_PACKAGES) -> list[tuple[str, str, str]]:
     """(package, "OK" / "FAIL" / "missing (optional)", version or reason) for every package."""
-    from importlib import import_module, metadata
+    from importlib import import_module, metadata, util
 
     rows = []
     for names, missing in ((required, "FAIL"), (optional, "missing (optional)")):
         for name in names:
             try:
-                import_module(name)
+                if name in SERVER_PACKAGES:
+                    if util.find_spec(name) is None:
+                        raise ModuleNotFoundError(f"No module named {name!r}")
+                else:
+                    import_module(name)
                 rows.append((name, "OK", metadata.version(name)))
             except Exception as err:  # an import can fail in many ways; report, never raise
                 rows.append((name, missing, f"{type(err).__name__}: {err}"[:80]))

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .checks import IdRange, check_count, check_id_tensor, check_id_values
 from .config import ModelConfig
 from .layers import Embeddings, init_weights
 from .transformer import Encoder
@@ -79,9 +80,9 @@ class EncoderBackbone(nn.Module):
         self.embed = Embeddings(cfg, 0 if n_features is not None else cfg.vocab_size)
         self.encoder = Encoder(cfg)
 
-    def _vectors(self, inputs: Tensor) -> Tensor:
+    def _vectors(self, inputs: Tensor, check_values: bool) -> Tensor:
         if self.frontend is None:
-            return self.embed(inputs)  # (B, T, d); checks the ids
+            return self.embed(inputs, check_values=check_values)  # (B, T, d); checks the ids
         if not isinstance(inputs, Tensor) or inputs.dim() != 3 or inputs.size(-1) != self.n_features \
                 or not inputs.is_floating_point():
             got = f"{inputs.dtype} {tuple(inputs.shape)}" if isinstance(inputs, Tensor) else type(inputs).__name__
@@ -102,8 +103,10 @@ class EncoderBackbone(nn.Module):
             return keep
         return torch.ones(B, T, dtype=torch.bool, device=inputs.device)
 
-    def forward(self, inputs: Tensor, *, lengths: Tensor | None = None, need_weights: bool = False) -> Encoded:
-        x = self._vectors(inputs)  # (B, T, d)
+    def forward(self, inputs: Tensor, *, lengths: Tensor | None = None, need_weights: bool = False,
+                check_values: bool = True) -> Encoded:
+        """``check_values=False``: the caller has already checked the token ids (shape, dtype, range)."""
+        x = self._vectors(inputs, check_values)  # (B, T, d)
         keep = self.keep(inputs, lengths)  # (B, T)
         out = self.encoder(x, keep[:, None, None, :], need_weights=need_weights)  # mask (B, 1, 1, S)
         return Encoded(out.x, keep, out.weights)
@@ -138,6 +141,11 @@ def mask_tokens(ids: Tensor, *, mask_id: int, vocab_size: int, special_ids: Iter
             raise ValueError(f"{name} must lie in [0, 1], got {p}")
     if mask_prob + random_prob > 1.0:
         raise ValueError(f"mask_prob + random_prob must be at most 1, got {mask_prob} + {random_prob}")
+    check_count("vocab_size", vocab_size)
+    special_ids = list(special_ids)
+    for name, value in [("mask_id", mask_id)] + [(f"special_ids[{i}]", v) for i, v in enumerate(special_ids)]:
+        if isinstance(value, bool) or not hasattr(value, "__index__"):  # an int, or an int tensor of one value
+            raise ValueError(f"{name} must be an int token id, got {value!r}")
     specials = sorted({int(i) for i in special_ids} | {int(mask_id)})
     if any(not 0 <= i < vocab_size for i in specials):
         raise ValueError(f"mask_id and special_ids must lie in [0, vocab_size={vocab_size}), got {specials}")
@@ -196,14 +204,18 @@ class MaskedLM(nn.Module):
     def forward(self, ids: Tensor, labels: Tensor | None = None, *, lengths: Tensor | None = None,
                 need_weights: bool = False) -> EncoderOnlyOutput:
         """ids: (B, T); labels: (B, T), IGNORE_INDEX where there is nothing to predict."""
-        encoded = self.backbone(ids, lengths=lengths, need_weights=need_weights)
+        check_id_tensor("ids", ids)
+        ranges = [IdRange("ids", ids, self.cfg.vocab_size)]
+        if labels is not None:
+            check_id_tensor("labels", labels, what="target ids")
+            if labels.shape != ids.shape:
+                raise ValueError(f"labels must have the shape of ids {tuple(ids.shape)}, got {tuple(labels.shape)}")
+            ranges.append(IdRange("labels", labels, self.cfg.vocab_size, IGNORE_INDEX))
+        check_id_values(*ranges)  # one host sync for ids and labels
+        encoded = self.backbone(ids, lengths=lengths, need_weights=need_weights, check_values=False)
         logits = self.head(encoded.x)  # (B, T, V)
         loss = None
         if labels is not None:
-            if labels.shape != ids.shape:
-                raise ValueError(f"labels must have the shape of ids {tuple(ids.shape)}, got {tuple(labels.shape)}")
-            if not (labels != IGNORE_INDEX).any():
-                raise ValueError(f"every label is IGNORE_INDEX ({IGNORE_INDEX}): no position was selected")
             loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=IGNORE_INDEX)
         return EncoderOnlyOutput(logits, loss, encoded.weights)
 
@@ -261,12 +273,22 @@ class SequenceClassifier(nn.Module):
 
     def forward(self, inputs: Tensor, labels: Tensor | None = None, *, lengths: Tensor | None = None,
                 need_weights: bool = False) -> EncoderOnlyOutput:
-        """inputs: ids (B, T) or frames (B, T, n_features); labels: (B,) class ids."""
-        encoded = self.backbone(inputs, lengths=lengths, need_weights=need_weights)
+        """inputs: ids (B, T) or frames (B, T, n_features); labels: (B,) class ids (IGNORE_INDEX
+        leaves an example out of the loss, as in F.cross_entropy)."""
+        ranges = []
+        if self.backbone.frontend is None:
+            ranges.append(IdRange("inputs", check_id_tensor("inputs", inputs), self.cfg.vocab_size))
+        if labels is not None:
+            check_id_tensor("labels", labels, what="class ids", shape="(B,)")
+            if not isinstance(inputs, Tensor) or labels.size(0) != inputs.size(0):
+                got = inputs.size(0) if isinstance(inputs, Tensor) else "?"
+                raise ValueError(f"labels must have shape (B={got},), got {tuple(labels.shape)}")
+            ranges.append(IdRange("labels", labels, self.classifier.out_features, IGNORE_INDEX))
+        if ranges:
+            check_id_values(*ranges)  # one host sync for ids and labels
+        encoded = self.backbone(inputs, lengths=lengths, need_weights=need_weights, check_values=False)
         logits = self.classifier(self.dropout(self.pool(encoded)))  # (B, n_classes)
         loss = None
         if labels is not None:
-            if labels.shape != logits.shape[:1]:
-                raise ValueError(f"labels must have shape (B={logits.size(0)},), got {tuple(labels.shape)}")
-            loss = F.cross_entropy(logits.float(), labels)
+            loss = F.cross_entropy(logits.float(), labels, ignore_index=IGNORE_INDEX)
         return EncoderOnlyOutput(logits, loss, encoded.weights)

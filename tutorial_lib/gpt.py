@@ -15,7 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .attention import KVCache
+from .attention import KVCache, check_mask
+from .checks import IdRange, check_id_tensor, check_id_values, check_ignore_index, check_length
 from .config import ModelConfig
 from .layers import (
     Embeddings,
@@ -75,12 +76,20 @@ class DecoderOnlyLM(nn.Module):
         every position, with or without targets); ``loss`` stays the cross-entropy alone.
         Train on ``loss + coefficient * aux_loss`` (:func:`tutorial_lib.train.loss_with_aux`).
         """
+        check_id_tensor("ids", ids)
         offset = 0 if cache is None else len(cache)
-        T = ids.size(-1) if ids.dim() else 0
-        if offset + T > self.cfg.max_len:
-            raise ValueError(f"a context of {offset + T} tokens is longer than the model supports "
-                             f"(max_len={self.cfg.max_len}); crop the input to the last {self.cfg.max_len}")
-        x = self.embed(ids, offset)  # (B, T, d); checks ids
+        B, T = ids.shape
+        check_length("ids", T, self.cfg.max_len, offset)
+        ranges = [IdRange("ids", ids, self.cfg.vocab_size)]
+        if targets is not None:
+            check_id_tensor("targets", targets, what="target ids")
+            if targets.shape != ids.shape:
+                raise ValueError(f"targets must have the shape of ids {tuple(ids.shape)}, got {tuple(targets.shape)}")
+            ranges.append(IdRange("targets", targets, self.cfg.vocab_size, check_ignore_index(ignore_index)))
+        if mask is not None:
+            check_mask("mask", mask, (B, self.cfg.n_heads, T, offset + T), ids.device)
+        check_id_values(*ranges)  # one host sync for ids and targets together
+        x = self.embed(ids, offset, check_values=False)  # (B, T, d)
         bias = position_bias(self.cfg, T, offset + T, x.device, self.relative_bias)  # (1, h, T, S): ALiBi, T5
         weights, balance = [], []
         for i, block in enumerate(self.blocks):
@@ -92,8 +101,6 @@ class DecoderOnlyLM(nn.Module):
         logits = self.head(self.final_norm(x))  # (B, T, V)
         loss = None
         if targets is not None:
-            if targets.shape != ids.shape:
-                raise ValueError(f"targets must have the shape of ids {tuple(ids.shape)}, got {tuple(targets.shape)}")
             loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=ignore_index)
         aux_loss = torch.stack(balance).mean() if balance else None
         return LMOutput(logits, loss, stack_weights(weights), aux_loss)

@@ -12,6 +12,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .attention import LayerKVCache, MultiHeadAttention
+from .checks import (
+    IdRange,
+    check_count,
+    check_id_tensor,
+    check_id_values,
+    check_length,
+    check_number,
+    check_vectors,
+)
 from .config import GATED_FFNS, ModelConfig
 from .positions import LearnedPositions, RelativePositionBias, RotaryEmbedding, SinusoidalPositions, alibi_bias
 
@@ -25,10 +34,14 @@ class RMSNorm(nn.Module):
 
     def __init__(self, d: int, eps: float = 1e-6):
         super().__init__()
-        self.eps = eps
+        check_count("d", d)
+        self.eps = check_number("eps", eps, low=0.0, low_open=True)
         self.weight = nn.Parameter(torch.ones(d))
 
     def forward(self, x: Tensor) -> Tensor:
+        if x.size(-1) != self.weight.size(0):
+            raise ValueError(f"RMSNorm({self.weight.size(0)}) normalises vectors of width {self.weight.size(0)}; "
+                             f"x has shape {tuple(x.shape)}")
         # x32 * rsqrt(mean(x32^2) + eps) in float32 (also under bf16 autocast), through torch's
         # rms_norm: the same numbers as those operations written out, in one call instead of five
         normed = F.rms_norm(x.float(), (x.size(-1),), eps=self.eps)
@@ -73,7 +86,9 @@ class FeedForward(nn.Module):
         super().__init__()
         if activation not in _ACTIVATIONS:
             raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}")
-        d_ff = 4 * d_model if d_ff is None else d_ff
+        check_count("d_model", d_model)
+        d_ff = 4 * d_model if d_ff is None else check_count("d_ff", d_ff)
+        check_number("dropout", dropout, low=0.0, high=1.0, high_open=True)
         self.activation = activation
         self.act = _ACTIVATIONS[activation]
         self.gated = activation in GATED_FFNS
@@ -196,6 +211,7 @@ class TransformerBlock(nn.Module):
     def forward(self, x: Tensor, mask: Tensor | None = None, *, is_causal: bool = False,
                 bias: Tensor | None = None, cache: LayerKVCache | None = None,
                 need_weights: bool = False) -> BlockOutput:
+        check_vectors("x", x, self.attn.d_model)
         weights = None
 
         def attend(h: Tensor) -> Tensor:
@@ -216,18 +232,6 @@ class TransformerBlock(nn.Module):
         x = self.attn_sublayer(x, attend)
         x = self.ffn_sublayer(x, feed_forward)
         return BlockOutput(x, weights, routing)
-
-
-def check_ids(ids: Tensor, vocab_size: int, name: str = "ids") -> None:
-    """Raise ValueError unless ids is an integer tensor (B, T) of values in [0, vocab_size)."""
-    if not isinstance(ids, Tensor) or ids.dim() != 2 or ids.dtype not in (torch.long, torch.int32, torch.int64):
-        shape = tuple(ids.shape) if isinstance(ids, Tensor) else type(ids).__name__
-        dtype = ids.dtype if isinstance(ids, Tensor) else None
-        raise ValueError(f"{name} must be an integer tensor of shape (B, T), got {shape} {dtype}")
-    if ids.numel():
-        low, high = (int(v) for v in torch.aminmax(ids))
-        if low < 0 or high >= vocab_size:
-            raise ValueError(f"{name} must lie in [0, {vocab_size - 1}], got values from {low} to {high}")
 
 
 def make_positions(cfg: ModelConfig) -> nn.Module | None:
@@ -258,21 +262,21 @@ class Embeddings(nn.Module):
         self.positions = make_positions(cfg)
         self.dropout = nn.Dropout(cfg.dropout)
 
-    def add_positions(self, x: Tensor, offset: int = 0) -> Tensor:
+    def add_positions(self, x: Tensor, offset: int = 0, *, name: str = "the input") -> Tensor:
         """(B, T, d) vectors -> the same plus position vectors for positions offset.., dropout."""
-        T = x.size(1)
-        if offset + T > self.max_len:
-            raise ValueError(f"positions {offset}..{offset + T - 1} are past the model's context "
-                             f"of max_len={self.max_len}")
+        check_length(name, x.size(1), self.max_len, offset)
         if self.positions is not None:
-            x = x + self.positions(T, offset)  # (T, d) broadcast over the batch
+            x = x + self.positions(x.size(1), offset)  # (T, d) broadcast over the batch
         return maybe_dropout(self.dropout, x)
 
-    def forward(self, ids: Tensor, offset: int = 0) -> Tensor:
+    def forward(self, ids: Tensor, offset: int = 0, *, name: str = "ids", check_values: bool = True) -> Tensor:
+        """ids (B, T) -> (B, T, d). ``name`` is the caller's name for the ids, used in errors;
+        ``check_values=False`` when the caller has already checked them (shape, dtype, range)."""
         if self.tokens is None:
             raise ValueError("these embeddings have no token table (vocab_size=0); use add_positions")
-        check_ids(ids, self.vocab_size)
-        return self.add_positions(self.tokens(ids) * self.scale, offset)  # (B, T, d)
+        if check_values:
+            check_id_values(IdRange(name, check_id_tensor(name, ids), self.vocab_size))
+        return self.add_positions(self.tokens(ids) * self.scale, offset, name=name)  # (B, T, d)
 
 
 def init_weights(model: nn.Module, cfg: ModelConfig) -> None:

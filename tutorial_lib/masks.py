@@ -19,6 +19,13 @@ def _check_positive_int(name: str, value) -> int:
     return value
 
 
+def _check_bool_mask(name: str, mask) -> Tensor:
+    if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
+        got = f"dtype {mask.dtype}" if isinstance(mask, Tensor) else type(mask).__name__
+        raise ValueError(f"{name} must be a boolean tensor (True = may attend), got {got}")
+    return mask
+
+
 def causal_mask(T: int, S: int | None = None, *, device=None) -> Tensor:
     """Lower-triangular (T, S) mask: query i may see keys up to its own position.
 
@@ -68,6 +75,10 @@ def cross_mask(target_keep: Tensor, source_keep: Tensor) -> Tensor:
     A padded source position is never a key; a padded target query sees nothing (its row
     is all False, so attention returns zeros there, and the loss ignores it anyway).
     """
+    for name, keep in (("target_keep", target_keep), ("source_keep", source_keep)):
+        if not isinstance(keep, Tensor) or keep.is_floating_point():
+            got = f"dtype {keep.dtype}" if isinstance(keep, Tensor) else type(keep).__name__
+            raise ValueError(f"{name} must hold boolean keep flags (True = real token), got {got}")
     if target_keep.dim() != 2 or source_keep.dim() != 2:
         raise ValueError(
             "expected target_keep (B, T) and source_keep (B, S), "
@@ -88,8 +99,9 @@ def prefix_lm_mask(prefix_len: int | Tensor, T: int, *, device=None) -> Tensor:
     causal = causal_mask(T, device=device)
     cols = torch.arange(T, device=device)
     if isinstance(prefix_len, Tensor):
-        if prefix_len.dim() != 1:
-            raise ValueError(f"prefix_len as a tensor must have shape (B,), got {tuple(prefix_len.shape)}")
+        if prefix_len.dim() != 1 or prefix_len.is_floating_point() or prefix_len.dtype == torch.bool:
+            raise ValueError(f"prefix_len as a tensor must hold integer lengths of shape (B,), got {prefix_len.dtype} "
+                             f"{tuple(prefix_len.shape)}")
         if (prefix_len < 0).any() or (prefix_len > T).any():
             raise ValueError(f"prefix lengths must lie in [0, T={T}], got {prefix_len.tolist()}")
         in_prefix = cols[None, :] < prefix_len[:, None].to(cols.device)  # (B, T): key is in prefix
@@ -113,8 +125,9 @@ def combine(*masks: Tensor | None) -> Tensor | None:
     """Logical AND of boolean masks, broadcasting their shapes; ``None`` entries are skipped."""
     present = [m for m in masks if m is not None]
     for m in present:
-        if m.dtype != torch.bool:
-            raise ValueError(f"combine takes boolean masks (True = may attend), got dtype {m.dtype}")
+        if not isinstance(m, Tensor) or m.dtype != torch.bool:
+            got = f"dtype {m.dtype}" if isinstance(m, Tensor) else type(m).__name__
+            raise ValueError(f"combine takes boolean masks (True = may attend), got {got}")
     if not present:
         return None
     try:
@@ -131,22 +144,21 @@ def combine(*masks: Tensor | None) -> Tensor | None:
 def to_blocked(mask: Tensor) -> Tensor:
     """Our convention (True = may attend) to PyTorch's nn.MultiheadAttention / nn.Transformer
     boolean convention (True = blocked)."""
-    if mask.dtype != torch.bool:
-        raise ValueError(f"expected a boolean mask, got dtype {mask.dtype}")
-    return ~mask
+    return ~_check_bool_mask("mask", mask)
 
 
 def from_blocked(blocked: Tensor) -> Tensor:
     """PyTorch's True = blocked convention to ours (True = may attend)."""
-    if blocked.dtype != torch.bool:
-        raise ValueError(f"expected a boolean mask, got dtype {blocked.dtype}")
+    if not isinstance(blocked, Tensor) or blocked.dtype != torch.bool:
+        got = f"dtype {blocked.dtype}" if isinstance(blocked, Tensor) else type(blocked).__name__
+        raise ValueError(f"blocked must be a boolean tensor (True = blocked), got {got}")
     return ~blocked
 
 
 def key_padding_to_torch(mask: Tensor) -> Tensor:
     """A (B, 1, 1, S) key-padding mask in our convention to the (B, S) ``key_padding_mask``
     argument of nn.MultiheadAttention and nn.Transformer* (True = padding)."""
-    if mask.dtype != torch.bool or mask.dim() != 4 or mask.shape[1:3] != (1, 1):
+    if _check_bool_mask("mask", mask).dim() != 4 or mask.shape[1:3] != (1, 1):
         raise ValueError(
             f"expected a boolean key-padding mask of shape (B, 1, 1, S), got {mask.dtype} {tuple(mask.shape)}"
         )
@@ -155,8 +167,7 @@ def key_padding_to_torch(mask: Tensor) -> Tensor:
 
 def to_additive(mask: Tensor, dtype: torch.dtype = torch.float32) -> Tensor:
     """Boolean mask to an additive float mask: 0 where allowed, -inf where blocked."""
-    if mask.dtype != torch.bool:
-        raise ValueError(f"expected a boolean mask, got dtype {mask.dtype}")
+    _check_bool_mask("mask", mask)
     zeros = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
     return zeros.masked_fill(~mask, float("-inf"))
 

@@ -479,6 +479,9 @@ def load_config(source) -> ModelConfig:
         hf = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:
         raise ValueError(f"{path.name} is not valid JSON: {err}") from err
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path.name} is not a UTF-8 text file ({err.reason} at byte {err.start}); "
+                         "a config.json is UTF-8 JSON") from err
     return from_hf_config(hf)
 
 
@@ -512,6 +515,9 @@ def report(cfg: ModelConfig, *, batch: int = 1, seq_len: int | None = None, dtyp
            source_len: int | None = None) -> str:
     """The breakdown table and the memory and FLOPs figures, as the command line prints them."""
     seq_len = cfg.max_len if seq_len is None else seq_len
+    if source_len is not None and cfg.family != "encoder-decoder":
+        raise ValueError(f"source_len (--source-len) counts encoder positions of an encoder-decoder model; this is "
+                         f"a {cfg.family} model")
     counts = expected_parameters(cfg)
     n = counts["total"]
     lines = [f"{cfg.family} model, {format_count(n)} parameters"]
@@ -532,7 +538,7 @@ def report(cfg: ModelConfig, *, batch: int = 1, seq_len: int | None = None, dtyp
     lines.append(f"training with AdamW (weights, gradients, two moments; 16 bytes a parameter in fp32 or mixed "
                  f"precision; activations not included): {format_bytes(training_bytes(n)['total'])}")
     if cfg.family != "encoder":
-        source = (source_len or seq_len) if cfg.family == "encoder-decoder" else None
+        source = (seq_len if source_len is None else source_len) if cfg.family == "encoder-decoder" else None
         where = f" + {source} source positions" if source else ""
         lines.append(f"KV cache ({dtype}, batch {batch}, {seq_len} positions{where}): "
                      f"{format_bytes(kv_cache_bytes(cfg, batch, seq_len, dtype, source_len=source))}")

@@ -10,6 +10,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
+from .checks import IdRange, check_count, check_id_tensor, check_id_values
+
 
 def top_k_filter(logits: Tensor, k: int) -> Tensor:
     """Keep the k largest logits of each row (ties at the k-th value are kept); -inf elsewhere."""
@@ -82,10 +84,16 @@ class Sampler:
         if self.greedy:
             return logits.argmax(dim=-1)
         probs = self.filtered_logits(logits).softmax(dim=-1)
-        if generator is not None and generator.device != probs.device:
-            # draw where the generator lives (a CPU generator with a GPU model), then move back
-            return torch.multinomial(probs.to(generator.device), 1, generator=generator).squeeze(-1).to(probs.device)
-        return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        # draw where the generator lives (a CPU generator with a GPU model), then move back
+        where = probs.device if generator is None else generator.device
+        try:
+            return torch.multinomial(probs.to(where), 1, generator=generator).squeeze(-1).to(probs.device)
+        except RuntimeError:  # checked only when sampling fails: no cost on the way through
+            if torch.isfinite(logits).all():
+                raise
+            raise ValueError(f"the logits hold NaN or infinite values ({int((~torch.isfinite(logits)).sum())} of "
+                             f"{logits.numel()}), so there is no distribution to sample from; the model's "
+                             "output is broken (check its weights and inputs for NaN)") from None
 
 
 GREEDY = Sampler(greedy=True)
@@ -106,10 +114,17 @@ def generate(model: nn.Module, ids: Tensor, max_new_tokens: int, *, sampler: Sam
     ordinary tensors, usable in a later backward pass (unless the caller is itself inside
     ``inference_mode``).
     """
-    if ids.dim() != 2:
-        raise ValueError(f"ids must have shape (B, T), got {tuple(ids.shape)}")
-    if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    cfg = getattr(model, "cfg", None)
+    if getattr(cfg, "family", None) != "decoder" or not hasattr(model, "new_cache"):
+        what = f"family={cfg.family!r}" if hasattr(cfg, "family") else type(model).__name__
+        raise ValueError(f"generate extends the ids of a decoder-only language model (family='decoder'), got {what}; "
+                         "for an encoder-decoder model use greedy_decode or beam_search")
+    check_id_tensor("ids", ids)
+    check_count("max_new_tokens", max_new_tokens, 0)
+    if not callable(sampler):
+        raise ValueError(f"sampler must be a Sampler, e.g. Sampler(temperature=0.8, top_k=20), got {sampler!r}")
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise ValueError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
     was_training = model.training
     model.eval()
     try:
@@ -172,9 +187,10 @@ def _check_seq2seq_args(model: nn.Module, src: Tensor, src_mask: Tensor | None, 
                         special_ids: dict[str, int]) -> None:
     if not all(hasattr(model, name) for name in ("encode", "decode", "head", "new_cache")):
         raise ValueError(f"expected an encoder-decoder model (encode, decode, head, new_cache), "
-                         f"got {type(model).__name__}")
-    if src.dim() < 2:
-        raise ValueError(f"src must be ids (B, S) or features (B, S, F), got shape {tuple(src.shape)}")
+                         f"got {type(model).__name__}; for a decoder-only model use generate")
+    if not isinstance(src, Tensor) or src.dim() < 2:
+        got = tuple(src.shape) if isinstance(src, Tensor) else type(src).__name__
+        raise ValueError(f"src must be ids (B, S) or features (B, S, F), got {got}")
     if src_mask is not None and (src_mask.dtype != torch.bool or src_mask.dim() != 4
                                  or src_mask.shape[1:3] != (1, 1) or src_mask.size(-1) != src.size(1)
                                  or src_mask.size(0) not in (1, src.size(0))):
@@ -186,9 +202,19 @@ def _check_seq2seq_args(model: nn.Module, src: Tensor, src_mask: Tensor | None, 
     if limit is not None and max_len > limit:
         raise ValueError(f"max_len={max_len} needs decoder positions 0..{max_len - 1}, but the model "
                          f"has max_len={limit}")
+    check_special_ids(model, special_ids)
+
+
+def check_special_ids(model: nn.Module, special_ids: dict[str, int]) -> None:
+    """Raise ValueError unless every special id (name -> value) is an id of the model's
+    target vocabulary: an EOS id the model can never produce would decode to max_len."""
+    vocab_size = getattr(getattr(model, "cfg", None), "vocab_size", None)
     for name, value in special_ids.items():
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ValueError(f"{name} must be a token id (int >= 0), got {value!r}")
+        if vocab_size is not None and value >= vocab_size:
+            raise ValueError(f"{name}={value} is outside the model's target vocabulary [0, {vocab_size - 1}] "
+                             f"(vocab_size={vocab_size})")
 
 
 def _next_log_probs(model: nn.Module, tokens: Tensor, memory: Tensor, src_mask: Tensor | None,
@@ -388,8 +414,15 @@ def sequence_log_prob(model: nn.Module, src: Tensor, tgt_out: Tensor, src_mask: 
     """Total log-probability (B,) that the model gives the target ids ``tgt_out`` (B, T)
     (EOS included, PAD after it), by one teacher-forced pass: the decoder reads BOS followed
     by ``tgt_out`` shifted right. PAD positions are left out of the sum."""
-    if tgt_out.dim() != 2 or tgt_out.size(0) != src.size(0):
-        raise ValueError(f"tgt_out must be ids (B={src.size(0)}, T), got shape {tuple(tgt_out.shape)}")
+    check_id_tensor("tgt_out", tgt_out)
+    if not isinstance(src, Tensor) or tgt_out.size(0) != src.size(0):
+        got = src.size(0) if isinstance(src, Tensor) else type(src).__name__
+        raise ValueError(f"tgt_out must be ids (B, T) for the B={got} examples of src, "
+                         f"got shape {tuple(tgt_out.shape)}")
+    check_special_ids(model, {"bos_id": bos_id, "pad_id": pad_id})
+    vocab_size = getattr(getattr(model, "cfg", None), "vocab_size", None)
+    if vocab_size is not None:
+        check_id_values(IdRange("tgt_out", tgt_out, vocab_size))
     was_training = model.training
     model.eval()
     try:

@@ -19,6 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .checks import IdRange, check_count, check_id_values, check_ignore_index, check_number
+
 # ---- schedules: plain functions of the step, for torch.optim.lr_scheduler.LambdaLR ------------
 
 
@@ -29,8 +31,7 @@ def inverse_sqrt_schedule(warmup_steps: int) -> Callable[[int], float]:
     The paper's lrate = d^-0.5 * min(step^-0.5, step * warmup^-1.5) is this multiplier times
     the peak d^-0.5 * warmup^-0.5 (steps counted from 1).
     """
-    if warmup_steps < 1:
-        raise ValueError(f"warmup_steps must be >= 1, got {warmup_steps}")
+    check_count("warmup_steps", warmup_steps)
 
     def multiplier(step: int) -> float:
         s = step + 1  # LambdaLR counts from 0
@@ -41,10 +42,11 @@ def inverse_sqrt_schedule(warmup_steps: int) -> Callable[[int], float]:
 
 def warmup_cosine_schedule(warmup_steps: int, total_steps: int, min_ratio: float = 0.1) -> Callable[[int], float]:
     """Linear warmup to 1, then a cosine decay to ``min_ratio`` at ``total_steps`` (held after)."""
-    if not 0 <= warmup_steps < total_steps:
+    check_count("warmup_steps", warmup_steps, 0)
+    check_count("total_steps", total_steps)
+    if not warmup_steps < total_steps:
         raise ValueError(f"need 0 <= warmup_steps < total_steps, got {warmup_steps} and {total_steps}")
-    if not 0.0 <= min_ratio <= 1.0:
-        raise ValueError(f"min_ratio must lie in [0, 1], got {min_ratio}")
+    check_number("min_ratio", min_ratio, low=0.0, high=1.0)
 
     def multiplier(step: int) -> float:
         if step < warmup_steps:
@@ -57,8 +59,7 @@ def warmup_cosine_schedule(warmup_steps: int, total_steps: int, min_ratio: float
 
 def constant_schedule(warmup_steps: int = 0) -> Callable[[int], float]:
     """Linear warmup (if any) to 1, then constant."""
-    if warmup_steps < 0:
-        raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
+    check_count("warmup_steps", warmup_steps, 0)
     return lambda step: min(1.0, (step + 1) / warmup_steps) if warmup_steps else 1.0
 
 
@@ -86,8 +87,7 @@ def param_group_names(model: nn.Module) -> dict[str, list[str]]:
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     """Two AdamW groups: weight decay on matrices (Linear weights), none on norms, biases and
     embeddings (see :func:`param_group_names`). Tied parameters appear once."""
-    if weight_decay < 0:
-        raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
+    check_number("weight_decay", weight_decay, low=0.0)
     params = dict(model.named_parameters())
     names = param_group_names(model)
     return [{"params": [params[n] for n in names["decay"]], "weight_decay": weight_decay},
@@ -102,8 +102,8 @@ def make_optimizer(model: nn.Module, lr: float, *, weight_decay: float = 0.1,
     an update on the GPU without asking the host: :func:`train` uses that to check for NaN only
     every ``sync_every`` steps. On a CPU it is the default implementation (the committed
     notebooks' numbers)."""
-    if lr <= 0:
-        raise ValueError(f"lr must be positive, got {lr}")
+    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 < lr < math.inf:
+        raise ValueError(f"lr must be positive, got {lr!r}")
     fused = True if next(model.parameters()).device.type == "cuda" else None
     return torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=betas, eps=eps, fused=fused)
 
@@ -118,22 +118,21 @@ def label_smoothed_loss(logits: Tensor, targets: Tensor, smoothing: float = 0.0,
 
     logits: (..., V); targets: (...). Equal to ``F.cross_entropy(..., label_smoothing=...)``.
     """
-    if not 0.0 <= smoothing < 1.0:
-        raise ValueError(f"smoothing must lie in [0, 1), got {smoothing}")
-    if logits.shape[:-1] != targets.shape:
-        raise ValueError(f"logits {tuple(logits.shape)} and targets {tuple(targets.shape)} do not match")
+    check_number("smoothing", smoothing, low=0.0, high=1.0, high_open=True)
+    if not isinstance(logits, Tensor) or logits.dim() < 2 or not logits.is_floating_point():
+        got = f"{logits.dtype} {tuple(logits.shape)}" if isinstance(logits, Tensor) else type(logits).__name__
+        raise ValueError(f"logits must be a float tensor (..., V), got {got}")
+    if not isinstance(targets, Tensor) or logits.shape[:-1] != targets.shape:
+        got = tuple(targets.shape) if isinstance(targets, Tensor) else type(targets).__name__
+        raise ValueError(f"logits {tuple(logits.shape)} and targets {got} do not match: targets must have the "
+                         "logits' shape without the last (class) axis")
     if targets.dtype.is_floating_point or targets.dtype == torch.bool:
         raise ValueError(f"targets must be integer class ids, got dtype {targets.dtype}")
+    check_id_values(IdRange("targets", targets, logits.size(-1), check_ignore_index(ignore_index)))
     logp = F.log_softmax(logits.float(), dim=-1).flatten(0, -2)  # (N, V)
     flat = targets.flatten()
     keep = flat != ignore_index
-    if not keep.any():
-        raise ValueError("every target equals ignore_index: there is nothing to learn from")
     logp, flat = logp[keep], flat[keep]
-    V = logp.size(-1)
-    if int(flat.min()) < 0 or int(flat.max()) >= V:
-        raise ValueError(f"targets must lie in [0, {V - 1}] or equal ignore_index={ignore_index}, got values "
-                         f"from {int(flat.min())} to {int(flat.max())}")
     nll = -logp.gather(1, flat[:, None]).squeeze(1)  # (N,)
     uniform = -logp.mean(dim=-1)  # (N,)
     return ((1 - smoothing) * nll + smoothing * uniform).mean()
@@ -316,6 +315,20 @@ def _diagnose_loss(model, compute_loss, batch, precision, device) -> tuple[str |
                   "ignored? a log of 0?) or the model's own forward code outside its modules.")
 
 
+def _check_loss(loss, compute_loss) -> None:
+    """The loss must be one number with a gradient (metadata only: no host sync)."""
+    if loss is None:
+        raise ValueError("compute_loss returned None: with the default loss, model(*batch).loss is None when the "
+                         "batch holds no targets; get_batch(i) must return (inputs, targets)")
+    if not isinstance(loss, Tensor) or loss.dim() != 0:
+        got = f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, Tensor) else type(loss).__name__
+        raise ValueError(f"compute_loss ({getattr(compute_loss, '__name__', compute_loss)}) must return the loss as "
+                         f"a scalar tensor, got {got}; average it (.mean())")
+    if not loss.requires_grad:
+        raise ValueError("the loss has no gradient: it was computed without autograd (torch.no_grad? .detach()? "
+                         ".item()?), so backward() cannot train the model")
+
+
 # ---- the loop itself ------------------------------------------------------------------------------
 
 
@@ -366,9 +379,17 @@ def train(model: nn.Module, get_batch: Callable[[int], tuple], steps: int, *,
     """
     from tqdm.auto import tqdm
 
-    if steps < 0 or accumulation_steps < 1 or not 0 <= start_step <= steps:
-        raise ValueError(f"need steps >= 0, accumulation_steps >= 1 and 0 <= start_step <= steps, got "
-                         f"steps={steps}, accumulation_steps={accumulation_steps}, start_step={start_step}")
+    check_count("steps", steps, 0)
+    check_count("accumulation_steps", accumulation_steps)
+    check_count("start_step", start_step, 0)
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise ValueError(f"optimizer must be a torch.optim.Optimizer (e.g. make_optimizer(model, lr=3e-4)), "
+                         f"got {type(optimizer).__name__}")
+    if not callable(get_batch):
+        raise ValueError(f"get_batch must be a function of the step, get_batch(i) -> batch, got {get_batch!r:.60}")
+    if start_step > steps:
+        raise ValueError(f"need start_step <= steps (steps counts every step, the resumed ones included), got "
+                         f"start_step={start_step}, steps={steps}")
     if clip_norm is not None and clip_norm <= 0:
         raise ValueError(f"clip_norm must be positive or None (no clipping), got {clip_norm}")
     if schedule is not None and scheduler is not None:
@@ -418,6 +439,7 @@ def train(model: nn.Module, get_batch: Callable[[int], tuple], steps: int, *,
                     batch = get_batch(step * accumulation_steps + micro)
                     with autocast_context(precision, device):
                         loss = compute_loss(model, batch)
+                    _check_loss(loss, compute_loss)
                     if not torch.isfinite(loss):
                         raise _loss_error(context, batch, loss.item(), step + 1, micro)
                     # equal to the big batch's gradient only with equal target counts per micro-batch
@@ -538,6 +560,7 @@ def _step_on_device(ctx: _Context, step: int, get_batch, optimizer, named: list,
         batch = get_batch(step * ctx.accumulation_steps + micro)
         with autocast_context(ctx.precision, ctx.device):
             loss = ctx.compute_loss(ctx.model, batch)
+        _check_loss(loss, ctx.compute_loss)  # metadata only: no host sync
         loss_to_backprop = loss / ctx.accumulation_steps
         (ctx.scaler.scale(loss_to_backprop) if ctx.scaler else loss_to_backprop).backward()
         losses.append(loss.detach().float())

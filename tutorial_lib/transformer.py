@@ -12,7 +12,8 @@ from typing import NamedTuple
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .attention import KVCache, LayerKVCache, MultiHeadAttention
+from .attention import KVCache, LayerKVCache, MultiHeadAttention, check_mask
+from .checks import IdRange, check_id_tensor, check_id_values, check_ignore_index, check_number, check_vectors
 from .config import ModelConfig
 from .layers import (
     Embeddings,
@@ -99,6 +100,8 @@ class DecoderLayer(nn.Module):
                 need_weights: bool = False) -> DecoderLayerOutput:
         """x: (B, T, d) target vectors; memory: (B, S, d) encoder output. ``is_causal`` adds the
         causal mask to ``self_mask``; ``memory_mask`` is the source padding, (B, 1, 1, S)."""
+        check_vectors("x", x, self.self_attn.d_model)
+        check_vectors("memory", memory, self.cross_attn.d_model)
         self_cache, cross_cache = (None, None) if cache is None else cache
         self_w = cross_w = None
 
@@ -211,12 +214,29 @@ class EncoderDecoder(nn.Module):
 
     def encode(self, src: Tensor, src_mask: Tensor | None = None, *, need_weights: bool = False) -> StackOutput:
         """src: token ids (B, S), or features (B, S, F) with a frontend -> memory (B, S, d)."""
+        self._check_src(src, src_mask)
+        return self._encode(src, src_mask, need_weights, check_values=True)
+
+    def _check_src(self, src: Tensor, src_mask: Tensor | None) -> None:
+        """Shapes and dtypes of the source and its padding mask (no tensor data is read)."""
         if self.frontend is not None:
-            if src.dim() != 3:
-                raise ValueError(f"with a frontend, src must be features (B, S, F), got shape {tuple(src.shape)}")
-            x = self.src_embed.add_positions(self.frontend(src))  # (B, S, d)
+            if not isinstance(src, Tensor) or src.dim() != 3 or not src.is_floating_point():
+                got = f"{src.dtype} {tuple(src.shape)}" if isinstance(src, Tensor) else type(src).__name__
+                raise ValueError(f"with a frontend, src must be float features (B, S, F), got {got}")
         else:
-            x = self.src_embed(src)  # (B, S, d)
+            check_id_tensor("src", src, shape="(B, S)")
+        if src_mask is not None:
+            B, S = src.shape[:2]
+            check_mask("src_mask", src_mask, (B, self.cfg.n_heads, 1, S), src.device)
+            if src_mask.size(-2) != 1:
+                raise ValueError(f"src_mask must be a key-padding mask (B, 1, 1, S={S}) (it serves the encoder's "
+                                 f"queries and the decoder's alike), got shape {tuple(src_mask.shape)}")
+
+    def _encode(self, src: Tensor, src_mask: Tensor | None, need_weights: bool, check_values: bool) -> StackOutput:
+        if self.frontend is not None:
+            x = self.src_embed.add_positions(self.frontend(src), name="src")  # (B, S, d)
+        else:
+            x = self.src_embed(src, name="src", check_values=check_values)  # (B, S, d)
         return self.encoder(x, src_mask, need_weights=need_weights)
 
     def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor | None = None,
@@ -228,8 +248,19 @@ class EncoderDecoder(nn.Module):
         self-attention keys/values grow in the cache, and the cross-attention keys/values of
         ``memory`` are projected on the first call and reused afterwards.
         """
+        self._check_tgt(tgt_in, tgt_mask, 0 if cache is None else len(cache))
+        return self._decode(tgt_in, memory, src_mask, tgt_mask, cache, need_weights, check_values=True)
+
+    def _check_tgt(self, tgt_in: Tensor, tgt_mask: Tensor | None, offset: int) -> None:
+        check_id_tensor("tgt_in", tgt_in)
+        if tgt_mask is not None:
+            B, T = tgt_in.shape
+            check_mask("tgt_mask", tgt_mask, (B, self.cfg.n_heads, T, offset + T), tgt_in.device)
+
+    def _decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor | None, tgt_mask: Tensor | None,
+                cache: DecoderCache | None, need_weights: bool, check_values: bool) -> DecoderOutput:
         offset = 0 if cache is None else len(cache)
-        y = self.tgt_embed(tgt_in, offset)  # (B, T, d)
+        y = self.tgt_embed(tgt_in, offset, name="tgt_in", check_values=check_values)  # (B, T, d)
         return self.decoder(y, memory, tgt_mask, src_mask, cache=cache, need_weights=need_weights)
 
     def new_cache(self) -> DecoderCache:
@@ -242,14 +273,28 @@ class EncoderDecoder(nn.Module):
         """Teacher-forced pass. tgt_in: (B, T) target ids shifted right (BOS first); targets:
         (B, T) the ids to predict, ``ignore_index`` at padding. The causal mask is always
         applied; ``tgt_mask`` adds target padding, ``src_mask`` is the source padding."""
-        memory, enc_w = self.encode(src, src_mask, need_weights=need_weights)
-        y, self_w, cross_w = self.decode(tgt_in, memory, src_mask, tgt_mask, need_weights=need_weights)
-        logits = self.head(y)  # (B, T, V)
-        loss = None
+        self._check_src(src, src_mask)
+        self._check_tgt(tgt_in, tgt_mask, 0)
+        if src.size(0) != tgt_in.size(0):
+            raise ValueError(f"src and tgt_in must hold the same examples, got batch sizes {src.size(0)} and "
+                             f"{tgt_in.size(0)}")
+        check_number("label_smoothing", label_smoothing, low=0.0, high=1.0, high_open=True)
+        ranges = [IdRange("tgt_in", tgt_in, self.cfg.vocab_size)]
+        if self.frontend is None:
+            ranges.insert(0, IdRange("src", src, self.cfg.source_vocab_size))
         if targets is not None:
+            check_id_tensor("targets", targets, what="target ids")
             if targets.shape != tgt_in.shape:
                 raise ValueError(f"targets must have the shape of tgt_in {tuple(tgt_in.shape)}, "
                                  f"got {tuple(targets.shape)}")
+            ranges.append(IdRange("targets", targets, self.cfg.vocab_size, check_ignore_index(ignore_index)))
+        check_id_values(*ranges)  # one host sync for every id and target of the pass
+        memory, enc_w = self._encode(src, src_mask, need_weights, check_values=False)
+        y, self_w, cross_w = self._decode(tgt_in, memory, src_mask, tgt_mask, None, need_weights,
+                                          check_values=False)
+        logits = self.head(y)  # (B, T, V)
+        loss = None
+        if targets is not None:
             loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=ignore_index,
                                    label_smoothing=label_smoothing)
         attn = Seq2SeqAttention(enc_w, self_w, cross_w) if need_weights else None

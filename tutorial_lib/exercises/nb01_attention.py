@@ -24,16 +24,28 @@ def attention(q, k, v, mask=None):
 
 
 def _attention_cases():
+    """3-D inputs with a (T, S) mask, and 4-D (B, h, T, d_k) inputs with the masks of the course:
+    a key-padding mask (B, 1, 1, S) and a per-example (B, 1, T, S) mask, both broadcast over the
+    heads. S == d_k everywhere, so that the named mistake "K not transposed" runs and is
+    recognised; one 4-D case has h == S == d_k, where transposing the wrong axes
+    (k.transpose(1, 2)) runs and gives wrong numbers instead of an error."""
     g = _gen(1)
+
+    def keys_kept(*shape):  # every query keeps at least one key and blocks at least one
+        mask = torch.rand(*shape, generator=g) > 0.4
+        mask[..., 0], mask[..., -1] = True, False
+        return mask
+
     cases = []
-    for batch, T, S, d_k, d_v in ((2, 3, 4, 4, 5), (1, 5, 16, 16, 3)):
-        q = torch.randn(batch, T, d_k, generator=g) * 2
-        k = torch.randn(batch, S, d_k, generator=g) * 2
+    for batch, T, S, d_v in ((2, 3, 4, 5), (1, 5, 16, 3)):  # (B, T, d_k) with d_k = S
+        q, k = (torch.randn(batch, n, S, generator=g) * 2 for n in (T, S))
         v = torch.randn(batch, S, d_v, generator=g)
-        # every row keeps at least one key and blocks at least one
-        mask = torch.rand(T, S, generator=g) > 0.4
-        mask[:, 0], mask[:, -1] = True, False
-        cases += [(q, k, v, None), (q, k, v, mask)]
+        cases += [(q, k, v, None), (q, k, v, keys_kept(T, S))]
+    for batch, heads, T, S, d_v in ((2, 3, 5, 6, 7), (2, 4, 3, 4, 2)):  # (B, h, T, d_k), d_k = S
+        q = torch.randn(batch, heads, T, S, generator=g) * 2
+        k = torch.randn(batch, heads, S, S, generator=g) * 2
+        v = torch.randn(batch, heads, S, d_v, generator=g)
+        cases += [(q, k, v, keys_kept(batch, 1, 1, S)), (q, k, v, keys_kept(batch, 1, T, S))]
     return cases
 
 
@@ -127,6 +139,11 @@ def _merge_sum_heads(x):
     return x.sum(dim=1)
 
 
+def _merge_interleaved(x):
+    B, h, T, d_k = x.shape
+    return x.permute(0, 2, 3, 1).reshape(B, T, d_k * h)
+
+
 # ---- 01.mha_parameters ----------------------------------------------------------------------
 
 def mha_parameters(d_model, n_heads, bias):
@@ -154,7 +171,9 @@ EXERCISES = [
     Exercise(
         name="01.attention",
         task="attention(q, k, v, mask=None): softmax(q k^T / sqrt(d_k)) v over the last two "
-             "dimensions; mask is boolean, True = may attend.",
+             "dimensions of q (..., T, d_k), k (..., S, d_k) and v (..., S, d_v); mask is boolean, "
+             "True = may attend, and broadcasts to (..., T, S), e.g. (B, 1, 1, S) or (B, 1, T, S) "
+             "for inputs (B, h, T, d_k). Written out, without PyTorch's or the library's attention.",
         cases=_attention_cases,
         reference=attention,
         mistakes={
@@ -176,6 +195,9 @@ EXERCISES = [
                 _mask_after_softmax, "Zeroing weights after the softmax leaves rows that no longer "
                                      "sum to 1. Put -inf into the scores before the softmax."),
         },
+        # PyTorch's and the library's attention would hand in the answer
+        forbidden=("scaled_dot_product_attention", "fused_attention", "MultiheadAttention", "MultiHeadAttention",
+                   "multi_head_attention_forward", "_scaled_dot_product_attention_math"),
     ),
     Exercise(
         name="01.split_heads",
@@ -207,6 +229,10 @@ EXERCISES = [
             "summed the heads": Mistake(
                 _merge_sum_heads, "The heads are concatenated, not added: the output projection "
                                   "W_O is what mixes them."),
+            "features of the heads interleaved": Mistake(
+                _merge_interleaved, "Head i's d_k features must come out as one contiguous block "
+                                    "(features i*d_k .. (i+1)*d_k - 1): move h next to d_k with "
+                                    "transpose(1, 2), keeping h before d_k."),
         },
     ),
     Exercise(
@@ -226,5 +252,7 @@ EXERCISES = [
                 _params_no_bias, "With bias=True each of the four projections has a bias of "
                                  "d_model entries."),
         },
+        # counting a built layer is how to check the formula, not the formula
+        forbidden=("MultiHeadAttention", "MultiheadAttention", "numel", "expected_parameters", "block_parameters"),
     ),
 ]

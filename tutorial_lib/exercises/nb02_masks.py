@@ -115,6 +115,11 @@ def _softmax_cases():
         mask[..., -1] = False
         mask[1, 1] = False                               # one row with nothing to attend to
         cases.append((scores, mask))
+    # scores (B, h, T, S) with a key-padding mask (B, 1, 1, S) that broadcasts over heads and
+    # queries; example 1 has no real key at all, so each of its rows is empty
+    scores = torch.randn(3, 2, 4, 5, generator=g) * 3
+    keep = torch.tensor([[True, True, True, False, False], [False] * 5, [True, False, True, True, False]])
+    cases.append((scores, keep[:, None, None, :]))
     return cases
 
 
@@ -153,7 +158,8 @@ def teacher_forcing(tokens, bos, eos):
 
 def _teacher_cases():
     g = _gen(22)
-    return [(torch.randint(3, 20, (2, 5), generator=g), 1, 2), (torch.randint(3, 9, (3, 1), generator=g), 0, 1)]
+    return [(torch.randint(3, 20, (2, 5), generator=g), 1, 2), (torch.randint(3, 9, (3, 1), generator=g), 0, 1),
+            (torch.randint(3, 50, (2, 4), generator=g, dtype=torch.int32), 1, 2)]
 
 
 def _not_shifted(tokens, bos, eos):
@@ -169,6 +175,12 @@ def _shifted_backwards(tokens, bos, eos):
 def _no_eos(tokens, bos, eos):
     inputs, _ = teacher_forcing(tokens, bos, eos)
     return inputs[:, :-1], tokens.clone()
+
+
+def _float_ids(tokens, bos, eos):
+    B = tokens.size(0)
+    ones = torch.ones(B, 1)                              # float32: the cat below turns the ids into floats
+    return torch.cat((ones * bos, tokens), dim=1), torch.cat((tokens, ones * eos), dim=1)
 
 
 EXERCISES = [
@@ -198,6 +210,8 @@ EXERCISES = [
                 _decoder_blocked, "In this course True means *may attend*. nn.MultiheadAttention "
                                   "uses the opposite; convert only at that boundary."),
         },
+        # the task asks for arange and broadcasting; the library's builders would hand it in
+        forbidden=("causal_mask", "padding_mask", "combine", "prefix_lm_mask", "cross_mask", "seq2seq_masks"),
     ),
     Exercise(
         name="02.cached_causal_mask",
@@ -264,6 +278,10 @@ EXERCISES = [
             "no EOS to predict": Mistake(
                 _no_eos, "Without an EOS target the model never learns to stop. Both tensors "
                          "have L + 1 positions."),
+            "ids turned into floats": Mistake(
+                _float_ids, "torch.ones(B, 1) * bos is a float tensor, and torch.cat promotes the "
+                            "ids to float with it; an embedding table refuses float ids. Build "
+                            "the column with the ids' dtype: torch.full((B, 1), bos, dtype=tokens.dtype)."),
         },
     ),
 ]

@@ -166,6 +166,7 @@ def _bias_no_slope(slopes, T):
     return -distance.expand(len(slopes), T, T).clone()
 
 
+# Each exercise forbids the library's (and Hugging Face's) version of what it rebuilds.
 EXERCISES = [
     Exercise(
         name="03.sinusoidal_table",
@@ -173,6 +174,7 @@ EXERCISES = [
              "PE[p, 2i] = sin(p / 10000^(2i/d)), PE[p, 2i+1] = cos(p / 10000^(2i/d)).",
         cases=_sinusoidal_cases,
         reference=sinusoidal_table,
+        forbidden=("sinusoidal_table", "SinusoidalPositions"),
         mistakes={
             "sine and cosine swapped": Mistake(
                 _sin_cos_swapped, "Even dimensions (0, 2, 4, ...) hold the sine, odd ones the "
@@ -195,6 +197,7 @@ EXERCISES = [
              "(x_i, x_{i+d/2}) -> (x_i cos a - x_{i+d/2} sin a, x_{i+d/2} cos a + x_i sin a).",
         cases=_rope_cases,
         reference=apply_rope,
+        forbidden=("apply_rope", "RotaryEmbedding", "apply_rotary_pos_emb", "LlamaRotaryEmbedding"),
         mistakes={
             "paired adjacent dimensions (2i, 2i+1)": Mistake(
                 _adjacent_pairs, "That is the pairing of the RoPE paper and GPT-J; it is RoPE "
@@ -220,6 +223,7 @@ EXERCISES = [
              "the rule of the authors' released code for head counts that are not a power of two.",
         cases=_slopes_cases,
         reference=alibi_slopes,
+        forbidden=("alibi_slopes", "build_alibi_tensor", "_get_interleave"),
         mistakes={
             "power-of-two formula for every head count": Mistake(
                 _geometric_for_every_n, "The geometric sequence 2^(-8/n) ... is for powers of "
@@ -240,6 +244,7 @@ EXERCISES = [
              "of query i and key j in head h.",
         cases=_bias_cases,
         reference=alibi_bias,
+        forbidden=("alibi_bias", "build_alibi_tensor"),
         mistakes={
             "bias with the wrong sign": Mistake(
                 _bias_positive, "ALiBi *penalises* distance: the bias is minus slope times "
