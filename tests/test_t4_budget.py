@@ -4,6 +4,10 @@ the settings are read from the notebooks' JSON, and CUDA is mocked where a devic
 
 import importlib.util
 import json
+import os
+import re
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -137,3 +141,16 @@ def test_a_gpu_without_bf16_gets_fp16_autocast_and_a_gradient_scaler(gpu, capabi
         assert context.fast_dtype == torch.float16, context.fast_dtype
         scaler = _gradient_scaler(precision, None)
         assert isinstance(scaler, torch.amp.GradScaler), "fp16 training needs a gradient scaler"
+
+
+def test_gpu_check_runs_every_notebook_and_refuses_a_machine_without_a_gpu(tmp_path):
+    script = (ROOT / "tools" / "gpu_check.sh").read_text()
+    listed = re.search(r'^NOTEBOOKS=\$\{NOTEBOOKS:-"([0-9 ]+)"\}', script, flags=re.M)
+    assert listed, "gpu_check.sh must list its default notebooks"
+    assert listed[1].split() == [p.name[:2] for p in NOTEBOOKS], "every notebook, in order"
+    if torch.cuda.is_available() or shutil.which("bash") is None:
+        pytest.skip("a GPU is here (or no bash): run the script itself")
+    done = subprocess.run(["bash", str(ROOT / "tools" / "gpu_check.sh")], capture_output=True, text=True,
+                          env={**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable, "ALLOW_CPU": "0"})
+    assert done.returncode == 1 and "no CUDA GPU" in done.stderr, (done.returncode, done.stderr[-500:])
+    assert not (tmp_path / "notebooks.log").exists(), "no notebook runs without a GPU"
