@@ -171,8 +171,8 @@ def plan_04(s) -> list[Run]:
     cfg = ModelConfig(family="encoder", vocab_size=char_vocab() + 3, d_model=mlm["d_model"], n_heads=4,
                       n_layers=mlm["n_layers"], max_len=64, ffn="gelu", positions="rope")
     # warmup_sweep: 2 norm orders x (no warmup, warmup) x each learning rate; train's default fp32
-    sweep_runs = 2 * 2 * len(sweep["lrs"])
-    return [Run(f"warm-up sweep ({sweep_runs} runs)", sweep_runs * sweep.get("steps", 40),
+    sweep_runs = 2 * 2 * len(sweep["lrs"])  # .get below: versions without the key ran a fixed 60 steps
+    return [Run(f"warm-up sweep ({sweep_runs} runs)", sweep_runs * sweep.get("steps", 60),
                 mlm_step(tagger, 32, 12), "fp32"),
             Run("masked language model", mlm["steps"], mlm_step(cfg, mlm["batch"], 64))]
 
@@ -194,7 +194,7 @@ def plan_06(s) -> list[Run]:
     S, A, D, dates = s["S"], s["A"], s["D"], _dates()
     gpt = dataclasses.replace(GPT_TINY, vocab_size=char_vocab(), d_model=S["d_model"], n_layers=S["n_layers"],
                               n_heads=S["n_heads"], max_len=S["block"])
-    block_a = A.get("block", S["block"])
+    block_a = A.get("block", S["block"])  # .get: versions without the key used S's block, batch, D's shape
     # the ablation: GPT, five one-change variants ending at the LLaMA design, and two more GPT seeds;
     # each run is counted at the costlier of the two ends
     ends = [dataclasses.replace(base, vocab_size=char_vocab(), d_model=A["d_model"], n_layers=A["n_layers"],
