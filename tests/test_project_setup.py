@@ -233,6 +233,8 @@ def test_sync_moves_the_device_line_into_the_generated_block():
     assert new.count("describe(pick_device())") == 1
     assert sync.synced_source(new, "0123abc") == new, "syncing twice changes nothing"
     assert sync.synced_source(new, "4567def") == new.replace("0123abc", "4567def"), "a new pin replaces the old"
+    last = old.rstrip("\n").rsplit("\n", 1)[0] + "\nprint(\"running on\", describe(device))"  # no final newline
+    assert sync.synced_source(last, "0123abc").endswith("device = pick_device()"), "no newline is added"
 
 
 def test_colab_urls_are_built_from_the_configured_repository():

@@ -58,14 +58,16 @@ HAND_WRITTEN_DEVICE_LINE = 'print("running on", describe(device))'
 def synced_source(source: str, revision: str) -> str:
     """The first code cell's source with its Colab block replaced by the generated one, and the
     hand-written line that printed the device (now the block's job) removed."""
-    block = colab_setup_block(revision)
+    block, ends_line = colab_setup_block(revision), source.endswith("\n")
     if source.startswith(MARK):
         # an older block runs up to its closing `check=True)` line, the current one to DEVICE_LINES
         end = source.index("check=True)\n") + len("check=True)\n")
         source = source[end:].removeprefix(DEVICE_LINES)
     source = "".join(line for line in source.splitlines(keepends=True)
                      if line.strip() != HAND_WRITTEN_DEVICE_LINE)
-    return block + source.lstrip("\n") if source.strip() else block
+    if not source.strip():
+        return block
+    return block + (source if ends_line else source.rstrip("\n")).lstrip("\n")
 
 
 def synced_title(source: str, notebook: str) -> str:
