@@ -56,10 +56,11 @@ def test_pick_setting_uses_the_gpu_setting_only_on_cuda():
             mock.patch("torch.backends.mps.is_available", return_value=False):
         assert pick_setting(cpu, gpu) == cpu
     assert pick_setting(cpu, gpu, device="cpu") == cpu
-    with mock.patch("torch.cuda.is_bf16_supported", return_value=True):
-        assert default_precision(torch.device("cuda")) == "bf16"
-    with mock.patch("torch.cuda.is_bf16_supported", return_value=False):
-        assert default_precision(torch.device("cuda")) == "fp32"
+    with mock.patch("torch.cuda.get_device_capability", return_value=(8, 0)):
+        assert default_precision(torch.device("cuda")) == "bf16", "an A100 computes in bf16"
+    with mock.patch("torch.cuda.get_device_capability", return_value=(7, 5)), \
+            mock.patch("torch.cuda.is_bf16_supported", return_value=True):  # emulated bf16 counts here
+        assert default_precision(torch.device("cuda")) == "fp16", "a T4 only emulates bf16: fp16 with a scaler"
     assert default_precision(torch.device("cpu")) == "fp32"
     with pytest.raises(ValueError, match="same keys"):
         pick_setting({"a": 1}, {"b": 2})

@@ -3,13 +3,16 @@ CPU: every notebook that trains calls ``pick_setting(cpu=..., gpu=...)``, and th
 here with CUDA mocked as present and as absent."""
 
 import ast
+import contextlib
 import json
 from pathlib import Path
 from unittest import mock
 
 import pytest
+import torch
 
-from tutorial_lib.device import pick_setting
+from tutorial_lib.device import PRECISION_NAMES, default_precision, describe, pick_setting
+from tutorial_lib.train import _gradient_scaler, autocast_context
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
@@ -86,3 +89,36 @@ def test_the_main_training_run_uses_bf16_where_the_gpu_has_it(path):
             for kw in call.keywords if kw.arg == "precision" and isinstance(kw.value, ast.Call)
             and getattr(kw.value.func, "id", None) == "default_precision"]
     assert uses, f"{path.name}: no train(..., precision=default_precision(device)) call"
+
+
+@contextlib.contextmanager
+def mocked_gpu(name: str, capability: tuple[int, int], gib: float = 15.0):
+    """CUDA mocked as present, with one GPU of this name and compute capability."""
+    props = mock.Mock(major=capability[0], minor=capability[1], total_memory=int(gib * 2**30))
+    props.name = name
+    with mock.patch("torch.cuda.is_available", return_value=True), \
+            mock.patch("torch.cuda.get_device_capability", return_value=capability), \
+            mock.patch("torch.cuda.get_device_properties", return_value=props), \
+            mock.patch("torch.cuda.is_bf16_supported", return_value=True):  # what torch says on a T4: emulated
+        yield
+
+
+@pytest.mark.parametrize("gpu, capability, expected", [("Tesla T4", (7, 5), "fp16"), ("Tesla V100", (7, 0), "fp16"),
+                                                        ("NVIDIA A100", (8, 0), "bf16"), ("NVIDIA L4", (8, 9), "bf16")])
+def test_a_gpu_without_bf16_in_hardware_trains_in_fp16_with_a_gradient_scaler(gpu, capability, expected):
+    """Colab's T4 emulates bf16 (torch.cuda.is_bf16_supported() says True there), much more slowly
+    than fp16: default_precision must pick fp16 there, and train() then scales the loss."""
+    with mocked_gpu(gpu, capability):
+        cuda = torch.device("cuda")
+        precision = default_precision(cuda)
+        assert precision == expected, f"{gpu} (compute capability {capability}) should train in {expected}"
+        line = describe(cuda)
+        assert gpu in line and PRECISION_NAMES[expected] in line, f"the first cell should name both: {line}"
+        context = autocast_context(precision, cuda)
+        assert isinstance(context, torch.autocast), type(context)
+        assert context.fast_dtype == {"fp16": torch.float16, "bf16": torch.bfloat16}[expected]
+        scaler = _gradient_scaler(precision, None)
+        if expected == "fp16":
+            assert isinstance(scaler, torch.amp.GradScaler) and scaler.is_enabled(), "fp16 needs a gradient scaler"
+        else:
+            assert scaler is None, "bf16 has float32's range: no scaler"

@@ -54,11 +54,16 @@ def in_colab() -> bool:
 
 
 def describe(device: torch.device) -> str:
-    """One line saying what will run the computations."""
+    """One line saying what will run the computations and, on a GPU, in which precision
+    :func:`default_precision` trains there (the CPU's line names no precision: it is fp32)."""
+    device = torch.device(device)
     if device.type == "cuda":
-        return f"cuda ({torch.cuda.get_device_name(device)}), torch {torch.__version__}"
+        props = torch.cuda.get_device_properties(device)
+        precision = PRECISION_NAMES[default_precision(device)]
+        return (f"cuda ({props.name}, {props.total_memory / 2**30:.0f} GiB, compute capability "
+                f"{props.major}.{props.minor}), {precision}, torch {torch.__version__}")
     if device.type == "mps":
-        return f"mps (Apple GPU), torch {torch.__version__}"
+        return f"mps (Apple GPU), {PRECISION_NAMES[default_precision(device)]}, torch {torch.__version__}"
     threads = torch.get_num_threads()
     return f"cpu ({threads} thread{'s' if threads != 1 else ''}), torch {torch.__version__}"
 
@@ -76,16 +81,35 @@ def pick_setting(cpu: dict, gpu: dict, device: torch.device | None = None) -> di
     return dict(gpu if device.type == "cuda" else cpu)
 
 
-def default_precision(device: torch.device) -> str:
-    """"bf16" on a CUDA GPU that supports it, else "fp32" (bf16 on a CPU is slower, not faster)."""
+def has_native_bf16(device: torch.device) -> bool:
+    """Whether this CUDA GPU computes in bf16 in hardware: compute capability 8.0 or newer (A100,
+    RTX 30xx and later, L4, H100) or an AMD GPU. A T4 (7.5, Colab's free GPU) or a V100 (7.0) only
+    emulates it, much more slowly than fp16, although ``torch.cuda.is_bf16_supported()`` (which
+    counts emulation) says True there."""
     device = torch.device(device)
-    if device.type == "cuda" and torch.cuda.is_bf16_supported():
-        return "bf16"
+    if device.type != "cuda":
+        return False
+    if torch.version.hip:
+        return True
+    return torch.cuda.get_device_capability(device)[0] >= 8
+
+
+def default_precision(device: torch.device) -> str:
+    """The precision to train in here: "bf16" on a CUDA GPU with bf16 in hardware
+    (:func:`has_native_bf16`), "fp16" on an older one such as Colab's T4 (``tutorial_lib.train``
+    then scales the loss with a ``torch.amp.GradScaler``), "fp32" on a CPU (bf16 there is slower,
+    not faster) or an Apple GPU."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return "bf16" if has_native_bf16(device) else "fp16"
     return "fp32"
 
 
+PRECISION_NAMES = {"bf16": "bf16 autocast", "fp16": "fp16 autocast with a gradient scaler", "fp32": "fp32"}
+
+
 # Packages the notebooks need, and those only the tests need.
-REQUIRED_PACKAGES = ("torch", "numpy", "matplotlib", "ipywidgets", "jupyterlab", "tqdm", "safetensors")
+REQUIRED_PACKAGES = ("torch", "numpy", "matplotlib", "ipywidgets", "jupyterlab", "tqdm", "safetensors", "regex")
 OPTIONAL_PACKAGES = ("transformers", "pytest", "nbval")
 
 

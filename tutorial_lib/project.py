@@ -4,15 +4,33 @@ The Colab set-up block at the top of every notebook and the "Open in Colab" badg
 generated from these values by ``tools/sync_notebooks.py``; a test checks that every
 notebook carries the generated text, so changing the URL means: edit it here, run
 ``python tools/sync_notebooks.py``, commit.
+
+The set-up block installs ``tutorial_lib`` at a fixed commit, the last one that changed the
+package (:data:`PACKAGE_PATHS`) when the notebooks were synced, so a notebook opened from an
+older commit or a release tag gets the library it was written for, not today's ``main``.
+Changing the package therefore means: commit it, run ``python tools/sync_notebooks.py``,
+commit the notebooks (a test checks that the pinned commit holds the package of HEAD).
 """
 
+from __future__ import annotations
+
+import re
+
 REPOSITORY_URL = "https://github.com/transformer-course/transformers-from-scratch"
-# The git revision that the badges open and that Colab installs tutorial_lib from.
+# The git revision that the "Open in Colab" badges open (the notebooks of the latest version).
 REVISION = "main"
+# What the install line pins: the files that make up the installed package.
+PACKAGE_PATHS = ("tutorial_lib", "pyproject.toml")
+
+_MARK = "# Colab set-up:"
+_INSTALL_LINE = re.compile(r'"tutorial_lib @ git\+(?P<url>\S+?)@(?P<revision>[^"\s]+)"')
 
 
-def install_spec(url: str = REPOSITORY_URL, revision: str = REVISION) -> str:
-    """The pip requirement that installs tutorial_lib from the repository at ``revision``."""
+def install_spec(revision: str, url: str = REPOSITORY_URL) -> str:
+    """The pip requirement that installs tutorial_lib from the repository at ``revision``
+    (a commit hash or a tag)."""
+    if not re.fullmatch(r"[0-9A-Za-z][0-9A-Za-z._/-]*", revision or ""):
+        raise ValueError(f"revision must be a commit hash or a tag, got {revision!r}")
     return f"tutorial_lib @ git+{url}@{revision}"
 
 
@@ -33,17 +51,36 @@ def colab_badge(notebook: str) -> str:
     )
 
 
-def colab_setup_block() -> str:
+# The last lines of the generated block: on every machine, say what will compute and, on a GPU, in
+# which precision the notebook's training runs (tutorial_lib.device.describe).
+DEVICE_LINES = (
+    "from tutorial_lib.device import describe, pick_device\n"
+    "print(\"running on\", describe(pick_device()))  # a GPU's name, memory and training precision\n"
+)
+
+
+def colab_setup_block(revision: str) -> str:
     """The lines that start the first code cell of every notebook.
 
-    On Colab they install tutorial_lib (and its dependencies) from the repository at the
-    same revision as the notebook; anywhere else the ``if`` is false and nothing happens.
+    On Colab they install tutorial_lib (and its dependencies) from the repository at
+    ``revision``, the commit the notebook was synced with; anywhere else the ``if`` is false and
+    nothing is installed. Then, everywhere, they print the device that will compute and, on a
+    GPU, its name and the precision training will use there (:data:`DEVICE_LINES`).
     """
     return (
-        "# Colab set-up: installs tutorial_lib on Colab, does nothing elsewhere.\n"
+        f"{_MARK} installs tutorial_lib on Colab (nowhere else), names the device.\n"
         "import sys\n"
-        "if \"google.colab\" in sys.modules:\n"
+        "if \"google.colab\" in sys.modules:  # the library at the commit this notebook was made with\n"
         "    import subprocess\n"
         "    subprocess.run([sys.executable, \"-m\", \"pip\", \"install\", \"--quiet\",\n"
-        f"                    \"{install_spec()}\"], check=True)\n"
+        f"                    \"{install_spec(revision)}\"], check=True)\n"
+        + DEVICE_LINES
     )
+
+
+def pinned_revision(first_cell: str) -> str | None:
+    """The revision that a first code cell's Colab block installs, or None if it has no block."""
+    if not first_cell.startswith(_MARK):
+        return None
+    found = _INSTALL_LINE.search(first_cell)
+    return found["revision"] if found else None

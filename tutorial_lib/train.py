@@ -13,6 +13,7 @@ import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, fields
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -95,10 +96,16 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 
 def make_optimizer(model: nn.Module, lr: float, *, weight_decay: float = 0.1,
                    betas: tuple[float, float] = (0.9, 0.98), eps: float = 1e-9) -> torch.optim.AdamW:
-    """AdamW with :func:`param_groups`; betas (0.9, 0.98) and eps 1e-9 as in the original paper."""
+    """AdamW with :func:`param_groups`; betas (0.9, 0.98) and eps 1e-9 as in the original paper.
+
+    On a CUDA GPU it is torch's fused AdamW (one kernel for all parameters), which can also skip
+    an update on the GPU without asking the host: :func:`train` uses that to check for NaN only
+    every ``sync_every`` steps. On a CPU it is the default implementation (the committed
+    notebooks' numbers)."""
     if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 < lr < math.inf:
         raise ValueError(f"lr must be positive, got {lr!r}")
-    return torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=betas, eps=eps)
+    fused = True if next(model.parameters()).device.type == "cuda" else None
+    return torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=betas, eps=eps, fused=fused)
 
 
 # ---- loss ---------------------------------------------------------------------------------------
@@ -152,6 +159,15 @@ def autocast_context(precision: str, device: torch.device):
                              "Use bf16 or fp32 on the CPU")
         return torch.autocast("cuda", dtype=torch.float16)
     raise ValueError(f"precision must be 'fp32', 'bf16' or 'fp16', got {precision!r}")
+
+
+def _gradient_scaler(precision: str, scaler: torch.amp.GradScaler | None) -> torch.amp.GradScaler | None:
+    """The loss scaler fp16 training needs (``scaler`` if one is passed in), None otherwise."""
+    if scaler is not None and precision != "fp16":
+        raise ValueError(f"a gradient scaler belongs to fp16 training; precision is {precision!r}")
+    if precision == "fp16" and scaler is None:
+        scaler = torch.amp.GradScaler("cuda")
+    return scaler
 
 
 # ---- the loop ---------------------------------------------------------------------------------
@@ -325,7 +341,7 @@ def train(model: nn.Module, get_batch: Callable[[int], tuple], steps: int, *,
           time_budget: float | None = None, history: History | None = None, start_step: int = 0,
           scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
           progress: bool = True, desc: str = "training",
-          scaler: torch.amp.GradScaler | None = None) -> History:
+          scaler: torch.amp.GradScaler | None = None, sync_every: int = 50) -> History:
     """Train ``model`` up to optimiser step ``steps`` (or until ``time_budget`` seconds).
 
     get_batch(i) returns the i-th micro-batch (a tuple on the model's device);
@@ -350,6 +366,16 @@ def train(model: nn.Module, get_batch: Callable[[int], tuple], steps: int, *,
     case: each micro-batch's *summed* loss divided by the number of non-ignored targets of the
     whole step, i.e. a compute_loss that returns ``summed_loss * accumulation_steps / step_count``
     (notebook 08, section 10, shows the difference and the fix).
+
+    On a CUDA GPU, with an optimizer that can skip an update on the device (torch's fused AdamW,
+    which :func:`make_optimizer` builds there) and no callbacks, the loop does not wait for the
+    GPU at every step: the losses and gradient norms stay on the device and are read back every
+    ``sync_every`` steps, before an evaluation and at the end (until then the history and the
+    progress bar lag behind, and ``history.seconds`` is the time each step was queued). The
+    first step whose loss or gradient is not finite switches every later update off on the
+    device, so when the numbers are read back the model is as it was before that step, and the
+    :class:`NonFiniteError` names the same step, module or parameter as the step-by-step loop
+    that runs everywhere else (on a CPU a read-back costs nothing).
     """
     from tqdm.auto import tqdm
 
@@ -368,6 +394,8 @@ def train(model: nn.Module, get_batch: Callable[[int], tuple], steps: int, *,
         raise ValueError(f"clip_norm must be positive or None (no clipping), got {clip_norm}")
     if schedule is not None and scheduler is not None:
         raise ValueError("give a schedule function or a scheduler, not both")
+    if isinstance(sync_every, bool) or not isinstance(sync_every, int) or sync_every < 1:
+        raise ValueError(f"sync_every must be an int >= 1 (steps between read-backs on a GPU), got {sync_every!r}")
     if eval_every is not None and eval_every < 1:
         raise ValueError(f"eval_every must be a positive int or None, got {eval_every}")
     device = next(model.parameters()).device
@@ -378,10 +406,7 @@ def train(model: nn.Module, get_batch: Callable[[int], tuple], steps: int, *,
         raise ValueError(f"the optimizer holds {foreign} tensor(s) that are not parameters of this model, so "
                          "training would not change the model: was it built for another copy? (copy a model and "
                          "its optimizer together: copy.deepcopy((model, optimizer)))")
-    if scaler is not None and precision != "fp16":
-        raise ValueError(f"a gradient scaler belongs to fp16 training; precision is {precision!r}")
-    if precision == "fp16" and scaler is None:
-        scaler = torch.amp.GradScaler("cuda")
+    scaler = _gradient_scaler(precision, scaler)
     if schedule is not None:
         for group in optimizer.param_groups:  # the peak rate the multiplier scales
             group.setdefault("initial_lr", group["lr"])
@@ -392,73 +417,222 @@ def train(model: nn.Module, get_batch: Callable[[int], tuple], steps: int, *,
     params = [p for group in optimizer.param_groups for p in group["params"]]
     max_norm = math.inf if clip_norm is None else clip_norm  # inf: measure the norm, scale by 1
     time_offset = history.seconds[-1] if history.seconds else 0.0
+    deferred = _reads_back_rarely(device, optimizer, callbacks)
+    if deferred:
+        name_of = {id(p): n for n, p in model.named_parameters()}
+        named = [(name_of[id(p)], p) for p in params]  # the optimizer's order, as clip_grad_norm_ sums
+        pending: list[_Pending] = []  # steps whose numbers are still on the GPU
+        healthy = torch.ones((), dtype=torch.bool, device=device)  # False from the first non-finite step on
+    context = _Context(model, compute_loss, precision, device, accumulation_steps, scaler, history)
     model.train()
     start = time.perf_counter()
     bar = tqdm(range(start_step, steps), desc=desc, disable=not progress, leave=True)
     try:
         for step in bar:
-            optimizer.zero_grad(set_to_none=True)
-            total = 0.0
-            for micro in range(accumulation_steps):
-                batch = get_batch(step * accumulation_steps + micro)
-                with autocast_context(precision, device):
-                    loss = compute_loss(model, batch)
-                _check_loss(loss, compute_loss)
-                if not torch.isfinite(loss):
-                    where, finding = _diagnose_loss(model, compute_loss, batch, precision, device)
-                    raise NonFiniteError(
-                        f"the loss is {loss.item()} at step {step + 1} (micro-batch {micro}). {finding} "
-                        f"{_LOSS_CHECKS}", step=step + 1, kind="loss", where=where)
-                # equal to the big batch's gradient only with equal target counts per micro-batch
-                loss_to_backprop = loss / accumulation_steps
-                (scaler.scale(loss_to_backprop) if scaler else loss_to_backprop).backward()
-                total += loss.item() / accumulation_steps
-            if scaler:
-                scaler.unscale_(optimizer)
-            try:
-                # returns the norm before clipping; with error_if_nonfinite it raises before scaling
-                grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm,
-                                                                 error_if_nonfinite=scaler is None))
-            except RuntimeError as err:
-                if "non-finite" not in str(err):
-                    raise
-                bad = _first_non_finite_grad(model)
-                place = (f"the gradient of {bad!r} is the first (in model order) that holds a NaN or infinity"
-                         if bad else "every gradient is finite but their global norm overflowed float32")
-                recent = ", ".join(f"{g:.3g}" for g in history.grad_norm[-5:]) or "none yet"
-                raise NonFiniteError(
-                    f"a gradient is not finite at step {step + 1}: {place}. The loss was {total:.4g}; the "
-                    f"last gradient norms were [{recent}]. {_GRAD_CHECKS}",
-                    step=step + 1, kind="gradient", where=bad) from None
-            lr = optimizer.param_groups[0]["lr"]
-            if scaler:
-                scaler.step(optimizer)  # skips the step when the scaled gradients overflowed
-                scaler.update()
+            if deferred:
+                done, healthy = _step_on_device(context, step, get_batch, optimizer, named, clip_norm, healthy)
+                lr, grad_norm = optimizer.param_groups[0]["lr"], None
             else:
-                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                total = 0.0
+                for micro in range(accumulation_steps):
+                    batch = get_batch(step * accumulation_steps + micro)
+                    with autocast_context(precision, device):
+                        loss = compute_loss(model, batch)
+                    _check_loss(loss, compute_loss)
+                    if not torch.isfinite(loss):
+                        raise _loss_error(context, batch, loss.item(), step + 1, micro)
+                    # equal to the big batch's gradient only with equal target counts per micro-batch
+                    loss_to_backprop = loss / accumulation_steps
+                    (scaler.scale(loss_to_backprop) if scaler else loss_to_backprop).backward()
+                    total += loss.item() / accumulation_steps
+                if scaler:
+                    scaler.unscale_(optimizer)
+                try:
+                    # returns the norm before clipping; with error_if_nonfinite it raises before scaling
+                    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm,
+                                                                     error_if_nonfinite=scaler is None))
+                except RuntimeError as err:
+                    if "non-finite" not in str(err):
+                        raise
+                    raise _gradient_error(history, _first_non_finite_grad(model), total, step + 1) from None
+                lr = optimizer.param_groups[0]["lr"]
+                if scaler:
+                    scaler.step(optimizer)  # skips the step when the scaled gradients overflowed
+                    scaler.update()
+                else:
+                    optimizer.step()
             if scheduler is not None:
                 scheduler.step()
             seconds = time_offset + time.perf_counter() - start
-            history.step.append(step + 1)
-            history.loss.append(total)
-            history.lr.append(lr)
-            history.grad_norm.append(grad_norm)
-            history.seconds.append(seconds)
-            bar.set_postfix(loss=f"{total:.3f}", lr=f"{lr:.2e}")
+            if deferred:
+                pending.append(done._replace(lr=lr, seconds=seconds))
+                evaluating = evaluate is not None and eval_every and (step + 1) % eval_every == 0
+                out_of_time = time_budget is not None and seconds - time_offset >= time_budget
+                if evaluating or out_of_time or len(pending) >= sync_every:
+                    _settle(context, pending, bar)
+            else:
+                history.step.append(step + 1)
+                history.loss.append(total)
+                history.lr.append(lr)
+                history.grad_norm.append(grad_norm)
+                history.seconds.append(seconds)
+                bar.set_postfix(loss=f"{total:.3f}", lr=f"{lr:.2e}")
             if evaluate is not None and eval_every and (step + 1) % eval_every == 0:
                 _evaluate(model, evaluate, history, step + 1)
-            info = StepInfo(step + 1, total, lr, grad_norm, seconds, model, history)
-            for callback in callbacks:
-                callback(info)
+            if callbacks:
+                info = StepInfo(step + 1, total, lr, grad_norm, seconds, model, history)
+                for callback in callbacks:
+                    callback(info)
             if time_budget is not None and seconds - time_offset >= time_budget:
                 history.stopped_early = step + 1 < steps
                 break
+        if deferred:
+            _settle(context, pending, bar)
+    except BaseException:
+        if deferred and pending:  # stopped by something else (an interrupt?): keep the finite steps
+            with contextlib.suppress(Exception):
+                _settle(context, pending, bar, quiet=True)
+        raise
     finally:
         bar.close()
     last = history.step[-1] if history.step else 0
     if evaluate is not None and (not history.eval_step or history.eval_step[-1] != last):
         _evaluate(model, evaluate, history, last)
     return history
+
+
+# ---- the GPU loop: numbers stay on the device, read back every few steps ----------------------------
+
+
+class _Context(NamedTuple):
+    """What the step functions and the error messages need from one call of :func:`train`."""
+
+    model: nn.Module
+    compute_loss: Callable
+    precision: str
+    device: torch.device
+    accumulation_steps: int
+    scaler: torch.amp.GradScaler | None
+    history: History
+
+
+class _Pending(NamedTuple):
+    """One optimiser step of the GPU loop whose numbers have not been read back yet."""
+
+    step: int  # 1-based
+    losses: Tensor  # (accumulation_steps,) each micro-batch's loss
+    grad_norm: Tensor  # () the global gradient norm before clipping
+    grad_norms: Tensor  # (P,) the norm of each parameter's gradient, in the order of ``names``
+    names: tuple[str, ...]  # the parameters that have a gradient, in the optimizer's order
+    batches: list  # the micro-batches, kept to find where a NaN came from
+    lr: float = 0.0
+    seconds: float = 0.0
+
+
+def _reads_back_rarely(device: torch.device, optimizer: torch.optim.Optimizer, callbacks: list) -> bool:
+    """Whether :func:`train` keeps its numbers on the device between checks: on a CUDA GPU, with
+    an optimizer that can skip an update on the device (torch's fused Adam, AdamW and SGD, which
+    :func:`make_optimizer` builds there), and without callbacks (they read every step's numbers)."""
+    return device.type == "cuda" and not callbacks and getattr(optimizer, "_step_supports_amp_scaling", False)
+
+
+def _step_unless(optimizer: torch.optim.Optimizer, skip: Tensor) -> None:
+    """``optimizer.step()``, except where ``skip`` (a float 0-d tensor on the device) is 1: then
+    the fused kernel leaves the parameters and the optimizer's state as they were. This is how
+    torch.amp.GradScaler skips an overflowed step without a host sync."""
+    optimizer.grad_scale, optimizer.found_inf = None, skip
+    try:
+        optimizer.step()
+    finally:
+        del optimizer.grad_scale, optimizer.found_inf
+
+
+def _step_on_device(ctx: _Context, step: int, get_batch, optimizer, named: list, clip_norm: float | None,
+                    healthy: Tensor) -> tuple[_Pending, Tensor]:
+    """One optimiser step with no host sync. Once a loss (or, without a gradient scaler, a
+    gradient) has gone non-finite, ``healthy`` stays False and every later update is skipped on
+    the device, so the parameters stay as they were before that step until :func:`_settle` finds
+    it and says where it came from, as the step-by-step loop does."""
+    optimizer.zero_grad(set_to_none=True)
+    losses, batches = [], []
+    for micro in range(ctx.accumulation_steps):
+        batch = get_batch(step * ctx.accumulation_steps + micro)
+        with autocast_context(ctx.precision, ctx.device):
+            loss = ctx.compute_loss(ctx.model, batch)
+        _check_loss(loss, ctx.compute_loss)  # metadata only: no host sync
+        loss_to_backprop = loss / ctx.accumulation_steps
+        (ctx.scaler.scale(loss_to_backprop) if ctx.scaler else loss_to_backprop).backward()
+        losses.append(loss.detach().float())
+        batches.append(batch)
+    if ctx.scaler:
+        ctx.scaler.unscale_(optimizer)
+    with_grad = [(n, p) for n, p in named if p.grad is not None]
+    grads = [p.grad for _, p in with_grad]
+    # the norm before clipping, as clip_grad_norm_ computes it: the norm of the per-parameter norms
+    grad_norms = torch.stack(torch._foreach_norm(grads)) if grads else torch.zeros(0, device=ctx.device)
+    grad_norm = torch.linalg.vector_norm(grad_norms)
+    losses = torch.stack(losses)
+    finite_grads = torch.isfinite(grad_norm)
+    # with a scaler an overflowed gradient is a skipped step, not an error (fp16's normal business)
+    healthy = healthy & torch.isfinite(losses).all() & (finite_grads if ctx.scaler is None else True)
+    if clip_norm is not None and grads:
+        torch._foreach_mul_(grads, (clip_norm / (grad_norm + 1e-6)).clamp(max=1.0))  # clip_grad_norm_'s scaling
+    skip = ~healthy if ctx.scaler is None else ~(healthy & finite_grads)
+    _step_unless(optimizer, skip.float())
+    if ctx.scaler:
+        ctx.scaler.update()  # from the overflow check of unscale_
+    names = tuple(n for n, _ in with_grad)
+    return _Pending(step + 1, losses, grad_norm, grad_norms, names, batches), healthy
+
+
+def _settle(ctx: _Context, pending: list[_Pending], bar, *, quiet: bool = False) -> None:
+    """Read the pending steps' numbers back (one host sync) into the history, in order, and raise
+    :class:`NonFiniteError` at the first step that went non-finite (``quiet``: stop there instead)."""
+    if not pending:
+        return
+    rows = torch.stack([torch.cat([p.losses, p.grad_norm.float()[None]]) for p in pending]).tolist()
+    history = ctx.history
+    try:
+        for p, row in zip(pending, rows):
+            losses, grad_norm = row[:-1], row[-1]
+            bad_micro = next((i for i, value in enumerate(losses) if not math.isfinite(value)), None)
+            if bad_micro is not None:
+                if quiet:
+                    return
+                raise _loss_error(ctx, p.batches[bad_micro], losses[bad_micro], p.step, bad_micro)
+            total = 0.0
+            for value in losses:
+                total += value / ctx.accumulation_steps
+            if ctx.scaler is None and not math.isfinite(grad_norm):
+                if quiet:
+                    return
+                norms = dict(zip(p.names, p.grad_norms.tolist()))
+                model_order = (n for n, _ in ctx.model.named_parameters() if n in norms)
+                bad = next((n for n in model_order if not math.isfinite(norms[n])), None)
+                raise _gradient_error(history, bad, total, p.step)
+            history.step.append(p.step)
+            history.loss.append(total)
+            history.lr.append(p.lr)
+            history.grad_norm.append(grad_norm)
+            history.seconds.append(p.seconds)
+            bar.set_postfix(loss=f"{total:.3f}", lr=f"{p.lr:.2e}")
+    finally:
+        pending.clear()
+
+
+def _loss_error(ctx: _Context, batch, value: float, step: int, micro: int) -> NonFiniteError:
+    where, finding = _diagnose_loss(ctx.model, ctx.compute_loss, batch, ctx.precision, ctx.device)
+    return NonFiniteError(f"the loss is {value} at step {step} (micro-batch {micro}). {finding} {_LOSS_CHECKS}",
+                          step=step, kind="loss", where=where)
+
+
+def _gradient_error(history: History, bad: str | None, total: float, step: int) -> NonFiniteError:
+    place = (f"the gradient of {bad!r} is the first (in model order) that holds a NaN or infinity"
+             if bad else "every gradient is finite but their global norm overflowed float32")
+    recent = ", ".join(f"{g:.3g}" for g in history.grad_norm[-5:]) or "none yet"
+    return NonFiniteError(f"a gradient is not finite at step {step}: {place}. The loss was {total:.4g}; the "
+                          f"last gradient norms were [{recent}]. {_GRAD_CHECKS}", step=step, kind="gradient", where=bad)
 
 
 def _evaluate(model: nn.Module, evaluate: Callable[[nn.Module], float], history: History, step: int) -> None:
