@@ -2,8 +2,8 @@
 o200k_base rank files (shipped by bpe-openai), and Hugging Face `tokenizers` (trained here,
 saved to tokenizer.json). Nothing is downloaded."""
 
-import gzip
 import json
+import os
 
 import pytest
 from hypothesis import given, settings
@@ -32,22 +32,26 @@ def corpus():
     return builtin_corpus()
 
 
-def tiktoken_reference(name, tmp_path_factory):
-    """tiktoken's own encoder, built from the same rank file by tiktoken's own loader."""
-    tiktoken = pytest.importorskip("tiktoken")
-    from tiktoken.load import load_tiktoken_bpe
-
-    pattern, specials, _ = bpe.OPENAI_ENCODINGS[name]
-    plain = tmp_path_factory.mktemp("ranks") / f"{name}.tiktoken"
-    plain.write_bytes(gzip.decompress(bpe.openai_rank_file(name).read_bytes()))
-    return tiktoken.Encoding(name, pat_str=pattern, mergeable_ranks=load_tiktoken_bpe(str(plain)),
-                             special_tokens=specials)
+def tiktoken_reference(name):
+    """tiktoken's own encoding (its pattern, special tokens and loader), given only the rank file."""
+    pytest.importorskip("tiktoken")
+    return bpe.tiktoken_encoding(name)
 
 
 @pytest.fixture(scope="module", params=["cl100k_base", "o200k_base"])
-def openai_pair(request, tmp_path_factory):
+def openai_pair(request):
     pytest.importorskip("bpe_openai")
-    return bpe.openai_encoding(request.param), tiktoken_reference(request.param, tmp_path_factory)
+    return bpe.openai_encoding(request.param), tiktoken_reference(request.param)
+
+
+def test_our_copies_of_the_patterns_and_special_tokens_are_tiktokens(openai_pair, monkeypatch):
+    ours, reference = openai_pair
+    pattern, specials, _ = bpe.OPENAI_ENCODINGS[ours.name]
+    assert reference._pat_str == pattern, f"{ours.name}: our pattern differs from tiktoken's"
+    assert reference._special_tokens == specials == ours.special_tokens, ours.name
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", "/nonexistent-cache")
+    bpe.tiktoken_encoding(ours.name)
+    assert os.environ["TIKTOKEN_CACHE_DIR"] == "/nonexistent-cache", "the caller's cache setting is restored"
 
 
 def test_openai_encodings_give_tiktokens_ids_on_the_corpus_and_a_unicode_stress_text(openai_pair, corpus):
@@ -69,9 +73,9 @@ def test_special_tokens_are_ids_when_allowed_and_text_otherwise(openai_pair):
 
 @settings(max_examples=150, deadline=None)
 @given(text=st.text(max_size=60))
-def test_any_text_round_trips_and_matches_tiktoken(text, tmp_path_factory):
+def test_any_text_round_trips_and_matches_tiktoken(text):
     pytest.importorskip("bpe_openai")
-    ours, reference = _cl100k(tmp_path_factory)
+    ours, reference = _cl100k()
     ids = ours.encode(text, allow_special=False)
     assert ours.decode(ids) == text, f"round trip of {text!r}"
     assert ids == reference.encode_ordinary(text), f"ids of {text!r} differ from tiktoken's"
@@ -80,15 +84,15 @@ def test_any_text_round_trips_and_matches_tiktoken(text, tmp_path_factory):
 _CL100K = {}
 
 
-def _cl100k(tmp_path_factory):
+def _cl100k():
     if not _CL100K:
-        _CL100K["pair"] = (bpe.openai_encoding("cl100k_base"), tiktoken_reference("cl100k_base", tmp_path_factory))
+        _CL100K["pair"] = (bpe.openai_encoding("cl100k_base"), tiktoken_reference("cl100k_base"))
     return _CL100K["pair"]
 
 
-def test_decoding_a_cut_multibyte_character_gives_the_replacement_character(tmp_path_factory):
+def test_decoding_a_cut_multibyte_character_gives_the_replacement_character():
     pytest.importorskip("bpe_openai")
-    ours, reference = _cl100k(tmp_path_factory)
+    ours, reference = _cl100k()
     ids = [ours.vocab[bytes([b])] for b in "é😀".encode()[:-1]]  # the emoji's last byte cut off
     assert ours.decode(ids) == reference.decode(ids) == "é\ufffd", ours.decode(ids)
     assert ours.decode_bytes(ids) == "é😀".encode()[:-1]
@@ -242,7 +246,8 @@ def test_learn_merges_takes_the_most_frequent_pair_and_breaks_ties_by_the_smalle
 
 
 def test_merge_pair_is_left_to_right_without_overlaps():
-    assert bpe.merge_pair([5, 5, 5], (5, 5), 7) == [7, 5]
+    ids = [5, 5, 5]
+    assert bpe.merge_pair(ids, (5, 5), 7) == [7, 5] and ids == [5, 5, 5], "a new list; the input is unchanged"
     assert bpe.merge_pair([5, 5, 5, 5], (5, 5), 7) == [7, 7]
     assert bpe.merge_pair([1, 2, 3, 1, 2], (1, 2), 9) == [9, 3, 9]
 
@@ -294,6 +299,14 @@ def test_bad_input_is_a_clear_value_error(tmp_path):
         tok.decode([1.5])
     with pytest.raises(ValueError, match="vocab_size"):
         bpe.train_bpe("abc", 200)
+    with pytest.raises(ValueError, match=r"pair must be two ids .*\(1,\)"):
+        bpe.merge_pair([1, 2], (1,), 9)
+    with pytest.raises(ValueError, match="ids must be a list of ints, got str"):
+        bpe.merge_pair("12", (1, 2), 9)
+    with pytest.raises(ValueError, match=r"piece_counts keys must be non-empty bytes, got 'ab' \(encode it"):
+        bpe.learn_merges({"ab": 3}, 1)
+    with pytest.raises(ValueError, match="piece_counts values must be counts"):
+        bpe.learn_merges({b"ab": 0}, 1)
     with pytest.raises(ValueError, match="all 256 single bytes"):
         bpe.BPETokenizer({b"a": 0})
     with pytest.raises(ValueError, match="not byte-level"):

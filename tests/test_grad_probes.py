@@ -2,6 +2,7 @@
 at initialisation, and the warmup / learning-rate sweep."""
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -294,3 +295,22 @@ def test_probes_leave_the_callers_random_state_alone():
     warmup_sweep(Tagger, perm_batch, steps=2, lrs=[1e-3], warmup_steps=1, fail_loss=1.0, compute_loss=tag_loss,
                  tail=1)
     assert torch.equal(torch.rand(3), expected)
+
+
+def test_xavier_init_bounds_each_matrix_as_nn_transformer_does_and_zeroes_every_bias():
+    from tutorial_lib.transformer import EncoderLayer
+
+    torch.manual_seed(0)
+    theirs = nn.Transformer(32, 4, 1, 1, 128, dropout=0.0, batch_first=True).encoder.layers[0]
+    ours = xavier_init(EncoderLayer(replace(CFG, qkv_bias=True, out_bias=True, ffn_bias=True)))
+    pairs = [(ours.attn.qkv.weight, theirs.self_attn.in_proj_weight),
+             (ours.attn.out.weight, theirs.self_attn.out_proj.weight),
+             (ours.ffn.up.weight, theirs.linear1.weight), (ours.ffn.down.weight, theirs.linear2.weight)]
+    for a, b in pairs:
+        assert a.shape == b.shape
+        bound = math.sqrt(6 / sum(a.shape))
+        for w in (a, b):
+            assert 0.9 * bound < w.abs().max() <= bound
+    assert ours.ffn.up.bias.abs().max() == 0 and ours.attn.qkv.bias.abs().max() == 0
+    assert theirs.self_attn.in_proj_bias.abs().max() == 0, "PyTorch zeroes the attention biases too"
+    assert theirs.linear1.bias.abs().max() > 0, "... but leaves the FFN biases at nn.Linear's default"

@@ -41,6 +41,9 @@ def test_repeated_random_tokens_repeat_and_differ_between_rows():
     assert torch.equal(ids[:, :7], ids[:, 7:14]) and torch.equal(ids[:, :7], ids[:, 14:])
     assert ids.min() >= 10 and ids.max() < 50
     assert not torch.equal(ids[0], ids[1])
+    assert all(len(set(row[:7].tolist())) == 7 for row in ids), "no id repeats inside one copy"
+    tight = heads.repeated_random_tokens(12, 10, batch=3, low=2, generator=torch.Generator().manual_seed(1))
+    assert all(sorted(row[:10].tolist()) == list(range(2, 12)) for row in tight), "all 10 allowed ids, once each"
 
 
 def test_bad_shapes_and_periods_are_value_errors():
@@ -50,3 +53,5 @@ def test_bad_shapes_and_periods_are_value_errors():
         heads.induction_scores(torch.ones(4, 4), 4)
     with pytest.raises(ValueError, match="period"):
         heads.repeated_random_tokens(10, 0)
+    with pytest.raises(ValueError, match=r"period must be at most the 5 ids .*got 6"):
+        heads.repeated_random_tokens(10, 6, low=5)

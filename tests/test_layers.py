@@ -8,9 +8,9 @@ from torch import nn
 
 from tutorial_lib.config import ModelConfig
 from tutorial_lib.convert import copy_from_bert_layer, copy_from_torch_encoder_layer
-from tutorial_lib.layers import FeedForward, Residual, RMSNorm, TransformerBlock, init_weights
+from tutorial_lib.layers import FeedForward, Residual, RMSNorm, TransformerBlock, init_weights, residual_branches
 from tutorial_lib.masks import key_padding_to_torch, padding_mask
-from tutorial_lib.transformer import Encoder, EncoderLayer
+from tutorial_lib.transformer import Encoder, EncoderDecoder, EncoderLayer
 
 ATOL = 1e-5
 
@@ -173,3 +173,31 @@ def test_initialisation_options():
             torch.testing.assert_close(m2.layers[0].attn.qkv.weight[64:], m1.layers[0].attn.qkv.weight[64:])
         else:
             torch.testing.assert_close(m2.layers[1].ffn.down.weight, m1.layers[1].ffn.down.weight / math.sqrt(6))
+
+
+@pytest.mark.parametrize("family", ["encoder", "decoder", "encoder-decoder"])
+def test_residual_scaling_counts_every_residual_branch(family):
+    """A decoder layer of an encoder-decoder has three residual branches (self, cross, FFN):
+    scale_residual_init divides by sqrt of the number of Residual modules actually built."""
+    from tutorial_lib.gpt import DecoderOnlyLM
+
+    extra = {"n_decoder_layers": 3, "vocab_size": 11} if family == "encoder-decoder" else {"vocab_size": 11}
+    base = ModelConfig(family=family, d_model=16, n_heads=2, n_layers=2, **extra)
+    build = {"encoder": Encoder, "decoder": DecoderOnlyLM, "encoder-decoder": EncoderDecoder}[family]
+    torch.manual_seed(3)
+    plain = build(base)
+    if family == "encoder":
+        init_weights(plain, base)
+    built = sum(isinstance(m, Residual) for m in plain.modules())
+    assert residual_branches(base) == built == {"encoder": 4, "decoder": 4, "encoder-decoder": 4 + 9}[family]
+
+    scaled_cfg = ModelConfig(family=family, d_model=16, n_heads=2, n_layers=2, scale_residual_init=True, **extra)
+    torch.manual_seed(3)
+    scaled = build(scaled_cfg)
+    if family == "encoder":
+        init_weights(scaled, scaled_cfg)
+    plain_outputs = [m.weight for n, m in plain.named_modules() if n.endswith((".out", ".down"))]
+    scaled_outputs = [m.weight for n, m in scaled.named_modules() if n.endswith((".out", ".down"))]
+    assert len(plain_outputs) == built
+    for a, b in zip(plain_outputs, scaled_outputs):
+        torch.testing.assert_close(b, a / math.sqrt(built))

@@ -10,9 +10,19 @@ steps the losses agree to 1e-5. The weights are compared as a whole, ||w - w_ref
 far training moved them, ||w_ref - w_0||, within 1e-4, and not weight by weight: the gradient of
 the key projection's bias is zero in exact arithmetic (it adds the same number to every score
 of a query, which the softmax cancels), so in float32 it is rounding noise of about 1e-11, and
-AdamW divides it by its own size (plus eps = 1e-8): those weights take steps of about
-lr * 1e-3 that differ between any two orders of addition. One weight off by 6 % of one
-learning-rate step would already break 1e-4 (the update norm is about 0.4 here).
+AdamW divides it by its own running size plus eps = 1e-8 (eps dominates): those weights take
+steps of about lr * 1e-3 that differ between any two orders of addition. One weight off by 6 %
+of one learning-rate step would already break 1e-4 (the update norm is about 0.4 here).
+
+The weights cannot see a gradient that is off by a constant factor on one tensor: AdamW divides
+each gradient by its own running size, which removes most of the factor (a token table whose
+gradient is halved moves the weights by about 2e-5 of the update, inside 1e-4). So every
+step's gradients are compared too, tensor by tensor: ||g - g_ref|| / ||g_ref|| within 1e-4 for
+every parameter tensor (float32 rounding gives less than 1e-5 here, 6e-6 at most, tensor
+parallelism on GPT), where a factor of 2 on any tensor gives 0.5 or more.
+`test_the_gradient_check_catches_a_tied_table_gradient_averaged` shows it: the pipeline with the
+tied table's gradients averaged instead of summed passes the loss and weight checks and fails
+this one.
 """
 
 import copy
@@ -29,7 +39,7 @@ from tutorial_lib.config import ModelConfig
 from tutorial_lib.gpt import DecoderOnlyLM
 from tutorial_lib.params import expected_parameters
 
-LOSS_TOLERANCE, WEIGHT_TOLERANCE = 1e-5, 1e-4
+LOSS_TOLERANCE, GRADIENT_TOLERANCE, WEIGHT_TOLERANCE = 1e-5, 1e-4, 1e-4
 
 
 def small(flavour, **changes):
@@ -186,6 +196,25 @@ def test_bad_cases_are_refused():
         R.Case("tp", flavour="bert")
     with pytest.raises(ValueError, match="non-empty list of Case"):
         R.launch_cases([])
+    with pytest.raises(ValueError, match="tied_reduce must be one of"):
+        R.Case("pp", tied_reduce="max")
+    with pytest.raises(ValueError, match="reduce must be 'sum' or 'mean', got 'avg'"):
+        P.sync_tied_embedding(None, None, "avg")
+
+
+def test_compare_sees_a_constant_factor_on_one_gradient_that_the_weights_do_not_show():
+    """compare() without processes: the same reference, once as is and once with one tensor's
+    gradient halved at one step, the weights untouched."""
+    reference = R.train_one_process(R.Case("ddp", "llama", n_layers=2, steps=2))
+    same = [{"loss": reference["loss"], "weights": reference["weights"], "gradients": reference["gradients"]}]
+    assert R.compare(same, reference)["gradients"] == 0 and R.compare(same, reference)["weights_relative"] == 0
+    halved = [dict(g) for g in reference["gradients"]]
+    halved[1]["blocks.1.ffn.up.weight"] = halved[1]["blocks.1.ffn.up.weight"] / 2
+    difference = R.compare([dict(same[0], gradients=halved)], reference)
+    assert difference["gradients_worst"] == "blocks.1.ffn.up.weight", difference
+    assert abs(difference["gradients"] - 0.5) < 1e-6 and difference["weights_relative"] == 0, difference
+    with pytest.raises(ValueError, match="gradients of 1 steps, the reference of 2"):
+        R.compare([dict(same[0], gradients=halved[:1])], reference)
 
 
 @pytest.fixture
@@ -213,6 +242,8 @@ def test_the_counter_sees_collectives_their_payload_and_nothing_else(one_process
 
 CASES = [R.Case(scheme, flavour, n_layers=2) for flavour in ("gpt", "llama") for scheme in ("ddp", "fsdp", "tp", "pp")]
 CASES += [R.Case("pp", "gpt", n_layers=2, schedule="1f1b"), R.Case("tp", "llama", n_layers=2, vocab_parallel=False)]
+AVERAGED_TIED = R.Case("pp", "gpt", n_layers=2, tied_reduce="mean")  # the mistake the gradient check must catch
+CASES += [AVERAGED_TIED]
 
 
 @pytest.fixture(scope="module")
@@ -225,6 +256,7 @@ def runs():
 def check_like_one_process(case, ranks, reference):
     difference = R.compare(ranks, reference)
     assert difference["loss"] < LOSS_TOLERANCE, (case, difference)
+    assert difference["gradients"] < GRADIENT_TOLERANCE, (case, difference)
     assert difference["weights_relative"] < WEIGHT_TOLERANCE, (case, difference)
     assert reference["loss"][-1] < reference["loss"][0], "three steps should lower the loss"
     for r in ranks:
@@ -234,7 +266,7 @@ def check_like_one_process(case, ranks, reference):
 
 
 def cases_of(runs, scheme):
-    found = [run for run in runs if run[0].scheme == scheme]
+    found = [run for run in runs if run[0].scheme == scheme and run[0] != AVERAGED_TIED]
     assert found, scheme
     return found
 
@@ -291,3 +323,19 @@ def test_the_checks_fail_for_a_run_on_other_data(runs):
     difference = R.compare(ranks, half)
     assert difference["loss"] > 100 * LOSS_TOLERANCE and difference["weights_relative"] > 100 * WEIGHT_TOLERANCE, (
         difference)
+    assert difference["gradients"] > 100 * GRADIENT_TOLERANCE, difference
+
+
+@pytest.mark.multiprocess
+def test_the_gradient_check_catches_a_tied_table_gradient_averaged(runs):
+    """The pipeline of a tied GPT that averages its two copies' gradients of the token table
+    instead of summing them (ReduceOp.AVG, the data-parallel habit) gives that table half its
+    gradient at every step. AdamW hides it: the losses and the weights stay within the
+    tolerances. The tensor-by-tensor gradient check names the table, off by one half."""
+    [(case, ranks, reference)] = [run for run in runs if run[0] == AVERAGED_TIED]
+    difference = R.compare(ranks, reference)
+    assert difference["loss"] < LOSS_TOLERANCE and difference["weights_relative"] < WEIGHT_TOLERANCE, (
+        "AdamW should hide the halved gradient from the losses and the weights", difference)
+    assert difference["gradients_worst"] == "embed.tokens.weight", difference
+    assert abs(difference["gradients"] - 0.5) < 1e-3, ("the table's gradient should be half the true one", difference)
+    assert difference["gradients"] > 1000 * GRADIENT_TOLERANCE, difference

@@ -141,6 +141,20 @@ def test_the_folders_tokenizer_comes_back(tmp_path):
     assert loaded.config.vocab_size == loaded.tokenizer.vocab_size < 280, "the short text ran out of pairs"
 
 
+def test_a_tokenizer_this_package_does_not_read_is_a_warning_and_none(tmp_path):
+    tokenizers = pytest.importorskip("tokenizers")
+    from tokenizers import models, pre_tokenizers
+
+    save_tiny("llama", tmp_path)
+    sentencepiece_bpe = tokenizers.Tokenizer(models.BPE({"<unk>": 0, "▁a": 1, "▁": 2, "a": 3}, [("▁", "a")],
+                                                        unk_token="<unk>", byte_fallback=True))
+    sentencepiece_bpe.pre_tokenizer = pre_tokenizers.Metaspace()
+    sentencepiece_bpe.save(str(tmp_path / "tokenizer.json"))
+    with pytest.warns(UserWarning, match="tokenizer is not one tutorial_lib.bpe reads.*SentencePiece"):
+        loaded = pretrained.load_pretrained(tmp_path)
+    assert loaded.tokenizer is None and loaded.config.vocab_size == VOCAB, "the model still loads"
+
+
 def test_the_header_reader_agrees_with_safetensors(tmp_path):
     from safetensors import safe_open
 
@@ -166,9 +180,13 @@ def test_configs_that_change_the_computation_are_refused():
         decoder_config(base | {"rope_scaling": {"rope_type": "llama3", "factor": 8.0}})
     with pytest.raises(ValueError, match="rope_interleaved"):
         decoder_config(base | {"rope_interleaved": True})
-    with pytest.raises(ValueError, match="not a decoder-only model"):
+    with pytest.raises(ValueError, match="'bert' is an encoder model, not a decoder-only one; .* maps .*gpt2"):
         decoder_config(transformers.BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                                                intermediate_size=64).to_dict())
+    mixtral = transformers.MixtralConfig(**LLAMA_LIKE, num_local_experts=4, num_experts_per_tok=2).to_dict()
+    with pytest.raises(ValueError, match="'mixtral' is a mixture of experts, whose expert weights this loader "
+                                         "has no map for; load_pretrained maps .*llama"):
+        decoder_config(mixtral)
     mistral = family_config("mistral").to_dict()
     assert decoder_config(mistral).max_len == 64, "an active sliding window of 64 becomes the context limit"
     qwen = family_config("qwen2").to_dict() | {"sliding_window": 32, "use_sliding_window": False}

@@ -2,13 +2,16 @@
 
     python tools/execute_notebooks.py notebooks/*.ipynb
 
-Each notebook runs in a fresh kernel from its own folder, as nbval runs it. Timing metadata
-is not written, so a re-run changes only what the cells print.
+Each notebook runs in a fresh kernel from its own folder, as nbval runs it, and offline
+(HF_HUB_OFFLINE=1, as notebooks/conftest.py sets for nbval), so the committed outputs are the
+ones every test machine reproduces. Timing metadata is not written, so a re-run changes only
+what the cells print.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -31,6 +34,7 @@ def execute(path: Path, timeout: int) -> float:
 
 
 def main() -> int:
+    os.environ["HF_HUB_OFFLINE"] = "1"  # the kernels inherit it: notebook 09 takes its offline path
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("notebooks", nargs="+", type=Path)
     parser.add_argument("--timeout", type=int, default=900, help="seconds per cell")

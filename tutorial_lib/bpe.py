@@ -35,9 +35,12 @@ import hashlib
 import heapq
 import importlib.util
 import json
+import os
+import shutil
+import tempfile
 import unicodedata
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -558,6 +561,39 @@ def openai_encoding(name: str = "cl100k_base") -> BPETokenizer:
     return BPETokenizer.from_tiktoken(path, pattern=pattern, special_tokens=specials, name=name)
 
 
+# Where tiktoken downloads OpenAI's rank files from (tiktoken_ext/openai_public.py); its cache
+# names a downloaded file by the SHA-1 of this address.
+OPENAI_RANK_URL = "https://openaipublic.blob.core.windows.net/encodings/{name}.tiktoken"
+
+
+def tiktoken_encoding(name: str = "cl100k_base"):
+    """``tiktoken.get_encoding(name)``, made without a network: tiktoken's own pattern, special
+    tokens and loader, fed the rank file of ``bpe-openai`` through tiktoken's download cache
+    (a temporary ``TIKTOKEN_CACHE_DIR`` that holds the file under the name tiktoken looks for;
+    tiktoken checks the file's SHA-256 itself). An independent reference for
+    :func:`openai_encoding`: nothing of this module but the file goes into it."""
+    try:
+        import tiktoken
+    except ImportError:
+        raise ValueError("tiktoken is not installed (pip install tiktoken)") from None
+    data = gzip.decompress(openai_rank_file(name).read_bytes())
+    cache = tempfile.mkdtemp(prefix="tiktoken-cache-")
+    key = hashlib.sha1(OPENAI_RANK_URL.format(name=name).encode()).hexdigest()  # tiktoken's cache file name
+    Path(cache, key).write_bytes(data)
+    before = os.environ.get("TIKTOKEN_CACHE_DIR")
+    os.environ["TIKTOKEN_CACHE_DIR"] = cache
+    try:
+        return tiktoken.get_encoding(name)
+    except Exception as err:  # e.g. a tiktoken that fetches the file from elsewhere, offline
+        raise ValueError(f"tiktoken could not build {name} from the local rank file: {err}") from err
+    finally:
+        if before is None:
+            del os.environ["TIKTOKEN_CACHE_DIR"]
+        else:
+            os.environ["TIKTOKEN_CACHE_DIR"] = before
+        shutil.rmtree(cache, ignore_errors=True)
+
+
 # ---- training -----------------------------------------------------------------------------------------
 
 
@@ -572,9 +608,18 @@ def _pairs(word: list[int]) -> Counter:
     return Counter(zip(word, word[1:]))
 
 
-def merge_pair(ids: list[int], pair: tuple[int, int], new_id: int) -> list[int]:
-    """Replace every occurrence of ``pair`` in ``ids`` by ``new_id``, left to right, without
-    overlaps: (a, a) in [a, a, a] gives [new, a]."""
+def merge_pair(ids: Sequence[int], pair: tuple[int, int], new_id: int) -> list[int]:
+    """A new list: ``ids`` with every occurrence of ``pair`` replaced by ``new_id``, left to
+    right, without overlaps: (a, a) in [a, a, a] gives [new, a]. ``ids`` is left unchanged."""
+    if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence):
+        raise ValueError(f"ids must be a list of ints, got {type(ids).__name__}")
+    if isinstance(pair, (str, bytes)) or not isinstance(pair, Sequence) or len(pair) != 2:
+        raise ValueError(f"pair must be two ids (left, right), got {pair!r}")
+    return _merge_pair(ids, pair, new_id)
+
+
+def _merge_pair(ids: Sequence[int], pair: tuple[int, int], new_id: int) -> list[int]:
+    """merge_pair without the checks, for the trainer's inner loop."""
     out, i = [], 0
     while i < len(ids):
         if i + 1 < len(ids) and ids[i] == pair[0] and ids[i + 1] == pair[1]:
@@ -593,6 +638,14 @@ def learn_merges(piece_counts: dict[bytes, int], n_merges: int) -> list[Merge]:
     (left id, right id) in the order of the module docstring. Stops early when no pair is left."""
     if isinstance(n_merges, bool) or not isinstance(n_merges, int) or n_merges < 0:
         raise ValueError(f"n_merges must be an int >= 0, got {n_merges!r}")
+    if not isinstance(piece_counts, Mapping):
+        raise ValueError(f"piece_counts must be a dict of piece (bytes) -> count, got {type(piece_counts).__name__}")
+    for piece, n in piece_counts.items():
+        if not isinstance(piece, bytes) or not piece:
+            hint = f" (encode it: {piece!r}.encode())" if isinstance(piece, str) else ""
+            raise ValueError(f"piece_counts keys must be non-empty bytes, got {piece!r}{hint}")
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"piece_counts values must be counts (ints >= 1), got {n!r} for {piece!r}")
     token_of = [bytes([b]) for b in byte_order()]  # id -> token bytes
     id_of = {t: i for i, t in enumerate(token_of)}
     words = [[id_of[piece[j:j + 1]] for j in range(len(piece))] for piece in piece_counts]
@@ -622,7 +675,7 @@ def learn_merges(piece_counts: dict[bytes, int], n_merges: int) -> list[Merge]:
         grown = set()
         for w in where.pop(pair):
             before = _pairs(words[w])
-            words[w] = merge_pair(words[w], pair, new_id)
+            words[w] = _merge_pair(words[w], pair, new_id)
             after = _pairs(words[w])
             for p in before.keys() | after.keys():
                 change = (after.get(p, 0) - before.get(p, 0)) * counts[w]

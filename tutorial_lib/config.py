@@ -120,7 +120,7 @@ class ModelConfig:
     init_std: float = 0.02
     qk_gain: float = 1.0  # multiplies the initial W_Q and W_K
     zero_init_out: bool = False  # residual-branch output projections start at zero
-    scale_residual_init: bool = False  # ... or scaled by 1/sqrt(2 * n_layers)
+    scale_residual_init: bool = False  # ... or scaled by 1/sqrt(residual branches): layers.init_weights
 
     def __post_init__(self) -> None:
         def positive(name):

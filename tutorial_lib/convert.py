@@ -224,7 +224,9 @@ def mapped_tensor(m: TensorMap, tensor: Tensor) -> Tensor:
     if m.transpose:
         tensor = tensor.t()
     if m.plus_one:
-        tensor = tensor.float() + 1.0  # in float32, as Gemma computes 1 + w
+        # in float32, as Gemma computes 1 + w; a bf16 parameter then rounds 1 + w to bf16 (steps of
+        # 2^-7 near 1), where Gemma keeps it in float32: a bf16 load's norms differ by up to 2^-8
+        tensor = tensor.float() + 1.0
     return tensor
 
 
@@ -282,8 +284,14 @@ def decoder_config(hf: dict) -> ModelConfig:
     cfg = from_hf_config(hf)
     model_type = hf.get("model_type")
     if model_type not in DECODER_TYPES:
-        raise ValueError(f"model_type {model_type!r} is not a decoder-only model this package loads; "
-                         f"supported: {DECODER_TYPES}")
+        if cfg.family != "decoder":
+            what = f"an {cfg.family} model, not a decoder-only one"  # "encoder" or "encoder-decoder"
+        elif cfg.n_experts:
+            what = "a mixture of experts, whose expert weights this loader has no map for"
+        else:
+            what = "a decoder-only type this loader has no map for"
+        raise ValueError(f"model_type {model_type!r} is {what}; load_pretrained maps the model types "
+                         f"{', '.join(DECODER_TYPES)}")
     rope = hf.get("rope_scaling") or hf.get("rope_parameters") or {}
     refused = {
         "rope_scaling": rope.get("rope_type", rope.get("type", "default")) != "default",

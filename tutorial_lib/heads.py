@@ -20,14 +20,23 @@ from torch import Tensor
 
 def repeated_random_tokens(vocab_size: int, period: int, *, repeats: int = 2, batch: int = 1, low: int = 0,
                            generator: torch.Generator | None = None) -> Tensor:
-    """(batch, period * repeats) ids: one random sequence of ``period`` ids in [low, vocab_size),
-    repeated ``repeats`` times (a different sequence for each row)."""
+    """(batch, period * repeats) ids: one random sequence of ``period`` distinct ids in
+    [low, vocab_size), repeated ``repeats`` times (a different sequence for each row).
+
+    The ids of one sequence are drawn without replacement, so that every token of a later copy
+    has exactly one earlier occurrence in each copy before it, and "the token that followed its
+    earlier occurrence" names one position."""
     for name, value in (("vocab_size", vocab_size), ("period", period), ("repeats", repeats), ("batch", batch)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-    if not 0 <= low < vocab_size:
-        raise ValueError(f"low must lie in [0, vocab_size={vocab_size}), got {low}")
-    block = torch.randint(low, vocab_size, (batch, period), generator=generator)
+    if isinstance(low, bool) or not isinstance(low, int) or not 0 <= low < vocab_size:
+        raise ValueError(f"low must be an int in [0, vocab_size={vocab_size}), got {low!r}")
+    if period > vocab_size - low:
+        raise ValueError(f"period must be at most the {vocab_size - low} ids in [low={low}, vocab_size={vocab_size}) "
+                         f"to draw them without repeats, got {period}")
+    # a random permutation of the allowed ids per row, cut to its first `period`
+    order = torch.rand(batch, vocab_size - low, generator=generator).argsort(dim=1)
+    block = order[:, :period] + low  # (batch, period)
     return block.repeat(1, repeats)  # (batch, period * repeats)
 
 

@@ -286,6 +286,15 @@ class Embeddings(nn.Module):
         return self.add_positions(x, offset, name=name)
 
 
+def residual_branches(cfg: ModelConfig) -> int:
+    """How many residual branches a model built from ``cfg`` has: two per encoder layer and per
+    decoder-only layer (attention, FFN), three per decoder layer of an encoder-decoder model
+    (self-attention, cross-attention, FFN)."""
+    if cfg.family == "encoder-decoder":
+        return 2 * cfg.n_layers + 3 * cfg.decoder_layers
+    return 2 * cfg.n_layers
+
+
 def init_weights(model: nn.Module, cfg: ModelConfig) -> None:
     """Initialise a model built from ``cfg``, with the options practitioners use.
 
@@ -294,8 +303,13 @@ def init_weights(model: nn.Module, cfg: ModelConfig) -> None:
     ``qk_gain``: W_Q and W_K multiplied by it (a smaller gain keeps early attention logits
     small); ``zero_init_out``: the output projection of every residual branch (attention's W_O,
     the FFN's down matrix) starts at zero, so each block starts as the identity;
-    ``scale_residual_init``: those projections scaled by 1/sqrt(2 * n_layers) (GPT-2), so the
-    residual stream's variance does not grow with depth.
+    ``scale_residual_init``: those projections scaled by 1/sqrt(N), N the number of residual
+    branches in the model: 2 per encoder layer and per decoder-only layer (GPT-2's
+    1/sqrt(2 * n_layers)), 3 per decoder layer of an encoder-decoder model (self-attention,
+    cross-attention, FFN). At initialisation the branches' writes are roughly independent, so
+    their variances add; scaled this way, all N writes together add about as much variance
+    as one unscaled write. The stream's variance still grows, but by a factor that stays
+    about the same whatever the depth, instead of in proportion to N.
     """
     for module in model.modules():
         if isinstance(module, (nn.Linear, nn.Embedding)):
@@ -306,7 +320,7 @@ def init_weights(model: nn.Module, cfg: ModelConfig) -> None:
             nn.init.ones_(module.weight)
             if getattr(module, "bias", None) is not None:
                 nn.init.zeros_(module.bias)
-    n_residual = 2 * (cfg.n_layers + (cfg.decoder_layers if cfg.family == "encoder-decoder" else 0))
+    n_residual = residual_branches(cfg)
     with torch.no_grad():
         for module in model.modules():
             if isinstance(module, MultiHeadAttention):

@@ -12,7 +12,8 @@ engines how to split the model, and the engines communicate. Beside the plans:
 * the formulas the measurements are checked against: parameters, gradients and optimiser
   states per rank (:func:`rank_parameters`, :func:`expected_memory`), bytes per step
   (:func:`expected_traffic`), the pipeline bubble (:func:`bubble_fraction`);
-* :func:`held_bytes`, :func:`full_weights`, :func:`pipeline_timeline` measure a rank.
+* :func:`held_bytes`, :func:`full_weights`, :func:`full_gradients`, :func:`pipeline_timeline`
+  measure a rank.
 
 ``tutorial_lib.parallel_runs`` runs all of this in several processes (notebook 10, the tests).
 
@@ -156,7 +157,7 @@ def expected_traffic(cfg: ModelConfig, scheme: str, world_size: int, rank: int =
     FFN's down matrix) and two backward (the gradients of the two sublayers' inputs), plus, when
     the vocabulary is split, one forward after the embedding lookup, one backward at the head's
     input, and three of B * T values for the loss (the maximum logit, the sum of exponentials and
-    the target's logit). pp: at every stage boundary the (B/M, T, d) activations go forward and
+    the target's log-probability). pp: at every stage boundary the (B/M, T, d) activations go forward and
     their gradients come back, for each of M micro-batches; with a tied head the first and the
     last stage also all-reduce the token table's gradient (:func:`sync_tied_embedding`).
     """
@@ -409,13 +410,21 @@ def build_pipeline(model: DecoderOnlyLM, stage: int, stages: int, microbatches: 
     return module, pipeline_stage, kind(pipeline_stage, n_microbatches=microbatches, loss_fn=lm_loss)
 
 
-def sync_tied_embedding(module: PipelineStageModule, group) -> None:
+def sync_tied_embedding(module: PipelineStageModule, group, reduce: str = "sum") -> None:
     """A tied model uses one matrix twice: as the token table on the first stage and as the head
     on the last, so each of the two keeps a copy. The matrix's gradient is the sum of both
     uses' gradients: summing the copies' gradients over the two stages gives both the same
-    gradient, and the same update keeps them equal (Megatron-LM does the same)."""
+    gradient, and the same update keeps them equal (Megatron-LM does the same).
+
+    ``reduce="mean"`` averages them instead, the data-parallel habit and here a mistake: the two
+    copies are two uses of one matrix, not two replicas, and their mean is half the gradient.
+    It exists so that the tests and notebook 10 can show that the equality check catches it."""
+    if reduce not in ("sum", "mean"):
+        raise ValueError(f"reduce must be 'sum' or 'mean', got {reduce!r}")
     weight = module.embed.tokens.weight if module.embed is not None else module.head.weight
     dist.all_reduce(weight.grad, group=group)
+    if reduce == "mean":
+        weight.grad /= dist.get_world_size(group)
 
 
 # ---- measuring on a rank ---------------------------------------------------------------------------
@@ -442,18 +451,30 @@ def full_weights(scheme: str, module: nn.Module) -> dict[str, Tensor]:
     fsdp, tp and pp: every rank must call it). Tensor parallelism's Q/K/V rows are put back in
     the [Q; K; V] order. A pipeline of a tied model returns the last stage's copy of the token
     table too, as "head.weight" (the whole model lists the tied matrix once)."""
+    return _gather_whole(scheme, module, lambda p: p)
+
+
+def full_gradients(scheme: str, module: nn.Module) -> dict[str, Tensor]:
+    """Every parameter's gradient whole, as :func:`full_weights` gathers the weights: the
+    gradient each scheme leaves for the optimiser (DDP's averaged one; for fsdp the
+    reduce-scattered shards put together). Parameters without a gradient are left out."""
+    return _gather_whole(scheme, module, lambda p: p.grad)
+
+
+def _gather_whole(scheme: str, module: nn.Module, pick) -> dict[str, Tensor]:
+    named = module.module.named_parameters() if scheme == "ddp" else module.named_parameters()
+    mine = {n: pick(p) for n, p in named if pick(p) is not None}
     if scheme == "ddp":
-        return {n: p.detach().cpu().clone() for n, p in module.module.named_parameters()}
+        return {n: t.detach().cpu().clone() for n, t in mine.items()}
     if scheme in ("fsdp", "tp"):
-        full = {n: (p.full_tensor() if isinstance(p, DTensor) else p).detach().cpu()
-                for n, p in module.named_parameters()}
+        full = {n: (t.full_tensor() if isinstance(t, DTensor) else t).detach().cpu() for n, t in mine.items()}
         if scheme == "tp":
             cfg = module.cfg
             order = qkv_rows_by_rank(cfg.n_heads, cfg.kv_heads, cfg.d_k, dist.get_world_size())
             for name in [n for n in full if ".attn.qkv." in n]:
                 full[name] = full[name][order.argsort()]
         return full
-    mine = {n: p.detach().cpu() for n, p in module.named_parameters()}
+    mine = {n: t.detach().cpu() for n, t in mine.items()}
     pieces = [None] * dist.get_world_size()
     dist.all_gather_object(pieces, mine)
     return {n: t for piece in pieces for n, t in piece.items()}

@@ -39,6 +39,7 @@ from .parallel import (
     build_pipeline,
     expected_memory,
     expected_traffic,
+    full_gradients,
     full_weights,
     held_bytes,
     in_flight,
@@ -64,7 +65,10 @@ class Case:
     parallelism gives each of N ranks batch / N of them, tensor parallelism gives every rank all
     of them, pipeline parallelism cuts them into ``microbatches``. ``schedule`` (pipeline) and
     ``vocab_parallel`` (tensor parallelism: split the embedding and the head by vocabulary) only
-    matter to their scheme. ``weights=False`` leaves the trained weights out of the result.
+    matter to their scheme. ``weights=False`` leaves the trained weights and the gradients out
+    of the result. ``tied_reduce="mean"`` makes a pipeline of a tied model average the two
+    copies' gradients of the token table instead of summing them (a mistake, kept to show that
+    the equality check catches it: :func:`tutorial_lib.parallel.sync_tied_embedding`).
     """
 
     scheme: str
@@ -83,9 +87,11 @@ class Case:
     seed: int = 0
     corpus_chars: int = 20_000
     weights: bool = True
+    tied_reduce: str = "sum"
 
     def __post_init__(self) -> None:
-        for name, allowed in (("scheme", SCHEMES), ("flavour", FLAVOURS), ("schedule", SCHEDULES)):
+        for name, allowed in (("scheme", SCHEMES), ("flavour", FLAVOURS), ("schedule", SCHEDULES),
+                              ("tied_reduce", ("sum", "mean"))):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
         for name in ("steps", "batch", "block", "d_model", "n_layers", "n_heads", "n_kv_heads", "microbatches",
@@ -132,23 +138,25 @@ def make_adamw(module: nn.Module, decay: set[str], lr: float) -> torch.optim.Ada
 
 def train_one_process(case: Case) -> dict:
     """The reference: one process trains the whole model on the whole global batch of every
-    step. Returns the losses, the trained weights and how far training moved them."""
+    step. Returns the losses, every step's gradients, the trained weights and how far training
+    moved them."""
     cfg, stream = case_model(case)
     torch.manual_seed(case.seed)
     model = DecoderOnlyLM(cfg)
     start = {n: p.detach().clone() for n, p in model.named_parameters()}
     optimizer = make_adamw(model, set(param_group_names(model)["decay"]), case.lr)
-    losses = []
+    losses, gradients = [], []
     for step in range(case.steps):
         ids, targets = global_batch(stream, step, case.batch, case.block, case.seed)
         optimizer.zero_grad()
         loss = model(ids, targets).loss
         loss.backward()
+        gradients.append({n: p.grad.detach().clone() for n, p in model.named_parameters()})
         optimizer.step()
         losses.append(loss.item())
     weights = {n: p.detach().clone() for n, p in model.named_parameters()}
     update = torch.cat([(weights[n] - start[n]).flatten() for n in weights])
-    return {"loss": losses, "weights": weights, "update_norm": update.norm().item(),
+    return {"loss": losses, "weights": weights, "gradients": gradients, "update_norm": update.norm().item(),
             "largest_change": update.abs().max().item()}
 
 
@@ -158,65 +166,88 @@ def prepare(case: Case, rank: int, world_size: int, device: torch.device):
     pass of one global batch as the scheme does (this rank's part of it) and returns the
     global batch's loss as this rank knows it and, for a pipeline, the seconds its schedule
     took; ``log`` is the pipeline's timeline (None for the other schemes)."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.parallel import loss_parallel
-
     cfg, _ = case_model(case)
     torch.manual_seed(case.seed)  # the same initial weights on every rank, and as in train_one_process
     model = DecoderOnlyLM(cfg).to(device)
     decay = set(param_group_names(model)["decay"])  # names every plan keeps
-    log = None
-    if case.scheme in ("ddp", "fsdp"):
-        module = (apply_ddp(model, device) if case.scheme == "ddp"
-                  else apply_fsdp(model, init_device_mesh(device.type, (world_size,))))
-
-        def step(ids, targets):
-            loss = module(*shard((ids, targets), rank, world_size)).loss  # this rank's rows
-            loss.backward()  # DDP all-reduces the gradients; FSDP reduce-scatters them
-            return loss, None
-
-    elif case.scheme == "tp":
-        module = apply_tensor_parallel(model, init_device_mesh(device.type, (world_size,)),
-                                       vocab_parallel=case.vocab_parallel)
-        context = loss_parallel if case.vocab_parallel else nullcontext
-
-        def step(ids, targets):
-            with context():  # the loss from logits split by vocabulary
-                loss = module(ids, targets).loss  # every rank: the whole batch
-                loss.backward()
-            return local_tensor(loss), None
-
-    else:
-        module, pipeline_stage, schedule = build_pipeline(model, rank, world_size, case.microbatches,
-                                                          case.schedule, device)
-        log = pipeline_timeline(pipeline_stage, device)
-        tie_group = dist.new_group([0, world_size - 1]) if cfg.tie_embeddings else None
-
-        def step(ids, targets):
-            start, micro_losses = time.perf_counter(), []
-            if rank == 0:
-                schedule.step(ids)
-            elif rank == world_size - 1:
-                schedule.step(target=targets, losses=micro_losses)
-            else:
-                schedule.step()
-            seconds = time.perf_counter() - start
-            if tie_group is not None and rank in (0, world_size - 1):
-                sync_tied_embedding(module, tie_group)
-            return (torch.stack(micro_losses).mean() if micro_losses else torch.zeros(())), seconds
-
+    build = {"ddp": data_parallel_step, "fsdp": data_parallel_step, "tp": tensor_parallel_step,
+             "pp": pipeline_step}[case.scheme]
+    module, step, log = build(case, model, rank, world_size, device)
     optimizer = make_adamw(module.module if case.scheme == "ddp" else module, decay, case.lr)
     return cfg, module, optimizer, step, log
+
+
+def data_parallel_step(case: Case, model: DecoderOnlyLM, rank: int, world_size: int, device: torch.device):
+    """DDP or FSDP: each rank runs its 1/N of the global batch forward and backward, and the
+    engine averages the gradients inside backward(). Returns (module, step, None)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    module = (apply_ddp(model, device) if case.scheme == "ddp"
+              else apply_fsdp(model, init_device_mesh(device.type, (world_size,))))
+
+    def step(ids, targets):
+        loss = module(*shard((ids, targets), rank, world_size)).loss  # this rank's rows
+        loss.backward()  # DDP all-reduces the gradients; FSDP reduce-scatters them
+        return loss, None
+
+    return module, step, None
+
+
+def tensor_parallel_step(case: Case, model: DecoderOnlyLM, rank: int, world_size: int, device: torch.device):
+    """Every rank runs the whole global batch through its slices of every matrix. With the
+    vocabulary split, the logits stay split too, and the loss and its backward pass run inside
+    ``loss_parallel()``, which computes the cross-entropy from the split logits. Returns
+    (module, step, None)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    module = apply_tensor_parallel(model, init_device_mesh(device.type, (world_size,)),
+                                   vocab_parallel=case.vocab_parallel)
+    context = loss_parallel if case.vocab_parallel else nullcontext
+
+    def step(ids, targets):
+        with context():  # the loss from logits split by vocabulary
+            loss = module(ids, targets).loss  # every rank: the whole batch
+            loss.backward()
+        return local_tensor(loss), None
+
+    return module, step, None
+
+
+def pipeline_step(case: Case, model: DecoderOnlyLM, rank: int, world_size: int, device: torch.device):
+    """Rank r runs stage r. The schedule cuts the global batch into micro-batches: the first
+    stage feeds it the ids, the last the targets, and gets back each micro-batch's loss; the
+    schedule runs forward and backward. A tied model then sums its two copies' gradients of
+    the token table. Returns (module, step, the timeline of the stage's computations)."""
+    module, pipeline_stage, schedule = build_pipeline(model, rank, world_size, case.microbatches,
+                                                      case.schedule, device)
+    log = pipeline_timeline(pipeline_stage, device)
+    tie_group = dist.new_group([0, world_size - 1]) if model.cfg.tie_embeddings else None
+
+    def step(ids, targets):
+        start, micro_losses = time.perf_counter(), []
+        if rank == 0:
+            schedule.step(ids)
+        elif rank == world_size - 1:
+            schedule.step(target=targets, losses=micro_losses)
+        else:
+            schedule.step()
+        seconds = time.perf_counter() - start
+        if tie_group is not None and rank in (0, world_size - 1):
+            sync_tied_embedding(module, tie_group, case.tied_reduce)
+        return (torch.stack(micro_losses).mean() if micro_losses else torch.zeros(())), seconds
+
+    return module, step, log
 
 
 def run_case(case: Case, rank: int, world_size: int, device: torch.device) -> dict:
     """Train ``case`` on this rank (the process group must be up); return what it measured:
     the global batch's loss at every step, the bytes it holds after the last step, what it
     handed to collectives in the last step, each beside its formula; a pipeline's timeline;
-    rank 0 also returns every trained weight, whole."""
+    rank 0 also returns every trained weight and every step's gradients, whole."""
     cfg, module, optimizer, step, log = prepare(case, rank, world_size, device)
     _, stream = case_model(case)
-    losses, seconds, pipeline_steps = [], [], []
+    losses, seconds, pipeline_steps, gradients = [], [], [], []
     for i in range(case.steps):
         ids, targets = (t.to(device) for t in global_batch(stream, i, case.batch, case.block, case.seed))
         if log is not None:
@@ -229,6 +260,8 @@ def run_case(case: Case, rank: int, world_size: int, device: torch.device) -> di
             optimizer.step()
         seconds.append(time.perf_counter() - start)
         losses.append(loss.item())
+        if case.weights:  # what the optimiser was given (outside the counter: gathering them is a collective)
+            gradients.append(full_gradients(case.scheme, module))
         if log is not None:  # the step's timeline, from its start
             pipeline_steps.append({"busy": sum(end - begin for _, _, begin, end in log),
                                    "seconds": schedule_seconds, "in_flight": in_flight(log),
@@ -246,6 +279,7 @@ def run_case(case: Case, rank: int, world_size: int, device: torch.device) -> di
     weights = full_weights(case.scheme, module) if case.weights else {}
     if rank == 0 and weights:
         result["weights"] = {n: t.tolist() for n, t in weights.items()}
+        result["gradients"] = [{n: t.tolist() for n, t in g.items()} for g in gradients]
     return result
 
 
@@ -298,27 +332,47 @@ def main(argv: list[str] | None = None) -> dict | None:
 
 def launch_cases(cases: list[Case], nproc: int = 2, *, device: str = "cpu", timeout: float = 600) -> list[list[dict]]:
     """Run ``cases`` in ``nproc`` processes (one launch) and return, for each case, the list of
-    every rank's result; the trained weights (rank 0's) come back as tensors."""
+    every rank's result; the trained weights and gradients (rank 0's) come back as tensors."""
     if not cases or not all(isinstance(c, Case) for c in cases):
         raise ValueError(f"cases must be a non-empty list of Case, got {cases!r}")
     out = launch(nproc, ["--cases", json.dumps([asdict(c) for c in cases]), "--device", device],
                  module="tutorial_lib.parallel_runs", timeout=timeout)
     for ranks in out["cases"]:
         ranks[0]["weights"] = {n: torch.tensor(v) for n, v in ranks[0].get("weights", {}).items()}
+        ranks[0]["gradients"] = [{n: torch.tensor(v) for n, v in g.items()} for g in ranks[0].get("gradients", [])]
     return out["cases"]
 
 
-def compare(ranks: list[dict], reference: dict) -> dict[str, float]:
-    """How far a parallel run is from the one-process reference: the largest difference of the
-    losses; the largest difference of any weight after the last step; and the size of all the
-    weights' differences (the Euclidean norm over every weight) relative to how far training
-    moved them, ||w - w_ref|| / ||w_ref - w_0||."""
-    weights = ranks[0]["weights"]
+def compare(ranks: list[dict], reference: dict) -> dict[str, float | str]:
+    """How far a parallel run is from the one-process reference.
+
+    ``loss``: the largest difference of the losses. ``gradients``: the largest relative
+    difference of any parameter's gradient, ||g - g_ref|| / ||g_ref|| tensor by tensor, over
+    every step (``gradients_worst`` names that tensor); AdamW divides each gradient by its own
+    running size, so a tensor whose gradient is off by a constant factor takes nearly the same
+    steps, and only this comparison sees it. ``weights``: the largest difference of any weight
+    after the last step; ``weights_relative``: the size of all the weights' differences (the
+    Euclidean norm over every weight) relative to how far training moved them,
+    ||w - w_ref|| / ||w_ref - w_0||."""
+    weights, gradients = ranks[0]["weights"], ranks[0].get("gradients", [])
     missing = sorted(set(reference["weights"]) - set(weights))
     if missing:
         raise ValueError(f"the parallel run returned no weights for {missing}")
+    if len(gradients) != len(reference["gradients"]):
+        raise ValueError(f"the parallel run returned the gradients of {len(gradients)} steps, "
+                         f"the reference of {len(reference['gradients'])}")
+    worst, worst_name = 0.0, ""
+    for mine, theirs in zip(gradients, reference["gradients"]):
+        for name, g_ref in theirs.items():
+            if name not in mine:
+                raise ValueError(f"the parallel run returned no gradient for {name}")
+            off, size = (mine[name] - g_ref).norm().item(), g_ref.norm().item()
+            relative = off / size if size > 0 else (0.0 if off == 0 else float("inf"))
+            if relative >= worst:
+                worst, worst_name = relative, name
     differences = torch.cat([(weights[n] - w).flatten() for n, w in reference["weights"].items()])
     return {"loss": max(abs(a - b) for a, b in zip(ranks[0]["loss"], reference["loss"])),
+            "gradients": worst, "gradients_worst": worst_name,
             "weights": differences.abs().max().item(),
             "weights_relative": differences.norm().item() / reference["update_norm"]}
 

@@ -389,6 +389,58 @@ def draw_norm_orders(*, axes=None, title: str | None = None):
     return axes
 
 
+_ATTENTION_COLOURS = {"encoder": "#cfe3c8", "masked": "#dbe9f6", "cross": "#f3d3d3"}
+
+
+def _block(ax, x: float, y: float, text: str, colour: str, *, width: float = 2.8, height: float = 0.9) -> None:
+    ax.add_patch(plt.Rectangle((x - width / 2, y - height / 2), width, height, facecolor=colour,
+                               edgecolor="#333", lw=1.1))
+    ax.text(x, y, text, ha="center", va="center", fontsize=8.5)
+
+
+def draw_encoder_decoder(*, ax=None, title: str | None = None):
+    """Diagram of the encoder-decoder Transformer (Vaswani et al., 2017, Figure 1) with its three
+    attentions, each labelled with where its queries, keys and values come from and which mask
+    it uses. Residual connections and norms are left out. Returns the axes."""
+    if ax is None:
+        _, ax = plt.subplots(figsize=(9.5, 7.2))
+    enc, dec = 2.6, 7.4  # column centres
+    for x, top, name in ((enc, 6.1, "encoder layer, × N"), (dec, 8.0, "decoder layer, × N")):
+        ax.add_patch(plt.Rectangle((x - 1.85, 2.45), 3.7, top - 2.45, fill=False, ls="--", lw=1, edgecolor="#777"))
+        ax.text(x - 1.75, top - 0.12, name, ha="left", va="top", fontsize=8, color="#555")
+    _block(ax, enc, 0.5, "source ids (B, S)", "white", height=0.6)
+    _block(ax, dec, 0.5, "decoder input (B, T):\nBOS + target shifted right", "white", height=0.7)
+    for x in (enc, dec):
+        _block(ax, x, 1.65, "embedding + positions", "#eeeeee", height=0.6)
+        _arrow(ax, (x, 0.85 if x == dec else 0.8), (x, 1.35))
+        _arrow(ax, (x, 1.95), (x, 2.85))
+    _block(ax, enc, 3.3, "encoder self-attention\nQ, K, V: source positions\nmask: source padding (B,1,1,S)",
+           _ATTENTION_COLOURS["encoder"])
+    _block(ax, enc, 5.0, "feed-forward network", "#eeeeee", height=0.6)
+    _block(ax, dec, 3.3, "masked self-attention\nQ, K, V: target positions\nmask: causal AND target padding",
+           _ATTENTION_COLOURS["masked"])
+    _block(ax, dec, 5.15, "cross-attention\nQ: target positions\nK, V: encoder output (memory)\n"
+           "mask: source padding, no causal mask", _ATTENTION_COLOURS["cross"], width=3.4, height=1.15)
+    _block(ax, dec, 6.9, "feed-forward network", "#eeeeee", height=0.6)
+    _arrow(ax, (enc, 3.75), (enc, 4.7))
+    _arrow(ax, (dec, 3.75), (dec, 4.57))
+    _arrow(ax, (dec, 5.73), (dec, 6.6))
+    _block(ax, enc, 6.85, "encoder output (memory)\n(B, S, d), computed once", "white", height=0.7)
+    _arrow(ax, (enc, 5.3), (enc, 6.5))
+    ax.annotate("", xy=(dec - 1.7, 5.15), xytext=(enc + 1.4, 6.85),
+                arrowprops={"arrowstyle": "->", "lw": 1.6, "color": "tab:red"})
+    ax.text(5.0, 6.3, "K, V of every\ndecoder layer", ha="center", va="center", fontsize=8, color="tab:red")
+    _block(ax, dec, 8.75, "linear head + softmax:\nnext-token probabilities (B, T, V)", "white", height=0.7)
+    _arrow(ax, (dec, 7.2), (dec, 8.4))
+    ax.set_xlim(0.5, 9.5)
+    ax.set_ylim(0, 9.3)
+    ax.set_axis_off()
+    ax.set_title(title if title is not None else
+                 "The encoder-decoder Transformer: three attentions, and where Q, K and V come from\n"
+                 "(residual connections and norms left out)", fontsize=10)
+    return ax
+
+
 def _by_depth(profiles) -> dict[int, dict[str, object]]:
     if not profiles:
         raise ValueError("no gradient profiles to draw")

@@ -195,11 +195,16 @@ INITS = ("xavier", "config")
 
 
 def xavier_init(model: nn.Module) -> nn.Module:
-    """Re-initialise ``model`` in place as ``torch.nn.Transformer`` initialises itself, and return it.
+    """Re-initialise ``model`` in place with Xavier-uniform matrices, and return it.
 
-    Every Linear weight Xavier-uniform (Glorot & Bengio, 2010), every bias 0, norm scales 1;
-    embedding tables N(0, 1/d), the scale fairseq pairs with multiplying embeddings by sqrt(d).
-    A Linear that shares its weight with an embedding table (tied weights) keeps the table's.
+    Every Linear weight Xavier-uniform (Glorot & Bengio, 2010): U(-a, a) with
+    a = sqrt(6 / (fan_in + fan_out)), as ``torch.nn.Transformer._reset_parameters`` does for
+    every matrix. Unlike ``nn.Transformer``, every bias is set to 0: PyTorch zeroes the
+    attention biases (``nn.MultiheadAttention``) but leaves the FFN's ``nn.Linear`` biases at
+    their default U(-1/sqrt(fan_in), 1/sqrt(fan_in)). Norm scales 1, shifts 0. Embedding tables,
+    which ``nn.Transformer`` does not have, N(0, 1/d): the scale fairseq pairs with multiplying
+    embeddings by sqrt(d). A Linear that shares its weight with an embedding table (tied
+    weights) keeps the table's.
     """
     tables = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
     with torch.no_grad():

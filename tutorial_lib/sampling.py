@@ -273,7 +273,8 @@ def greedy_decode(model: nn.Module, src: Tensor, src_mask: Tensor | None = None,
 
 
 def length_penalty(lengths: Tensor, alpha: float) -> Tensor:
-    """GNMT's length normaliser (Wu et al., 2016, eq. 14): ((5 + |Y|) / 6) ** alpha.
+    """The length normaliser of GNMT, Google's Neural Machine Translation system (Wu et al., 2016,
+    section 7, eq. 14): ((5 + |Y|) / 6) ** alpha.
 
     A hypothesis is ranked by log P(Y) / length_penalty: with alpha = 0 by log P(Y) alone,
     which favours short outputs; larger alpha divides longer ones by more.
@@ -282,10 +283,16 @@ def length_penalty(lengths: Tensor, alpha: float) -> Tensor:
 
 
 def coverage_penalty(coverage: Tensor, source_keep: Tensor, beta: float) -> Tensor:
-    """GNMT's coverage penalty (Wu et al., 2016, eq. 14): beta * sum_i log(min(c_i, 1)), where
-    c_i (..., S) is the attention weight source position i has received, summed over the
-    output steps. Padded positions (``source_keep`` False) are left out; c_i is floored at
-    1e-10 so that a never-attended position costs a large finite amount, not infinity."""
+    """The coverage penalty of GNMT, Google's Neural Machine Translation system (Wu et al., 2016,
+    section 7, eq. 14): beta * sum_i log(min(c_i, 1)), where c_i (..., S) is the attention
+    weight source position i has received, summed over the output steps.
+
+    GNMT's decoder has one attention module. A Transformer has a cross-attention in every
+    decoder layer, with several heads; :func:`beam_search` takes the cross-attention of the
+    *last* decoder layer, averaged over its heads (a choice of this library, not GNMT's),
+    and sums it over the decoding steps of a hypothesis, the step that wrote EOS included.
+    Padded positions (``source_keep`` False) are left out; c_i is floored at 1e-10 so that a
+    never-attended position costs a large finite amount, not infinity."""
     covered = coverage.clamp(min=1e-10, max=1.0).log()  # (..., S), <= 0
     return beta * covered.masked_fill(~source_keep, 0.0).sum(dim=-1)
 
@@ -313,8 +320,9 @@ def beam_search(model: nn.Module, src: Tensor, src_mask: Tensor | None = None, *
 
         score = log P(Y) / length_penalty(|Y|, alpha) + coverage_penalty(beta)
 
-    (|Y| counts EOS; the coverage uses the cross-attention of the last decoder layer,
-    averaged over heads, summed over the steps). An example stops once it holds
+    (|Y| counts EOS; the coverage c_i of source position i is the cross-attention of the
+    last decoder layer, averaged over its heads, summed over the steps: see
+    :func:`coverage_penalty`). An example stops once it holds
     ``beam_width`` finished hypotheses and no live one can still beat the worst of them:
     a live hypothesis can at best keep its log-probability (each token adds a log-probability
     <= 0) and reach the length penalty of ``max_len``, and the coverage penalty is <= 0.

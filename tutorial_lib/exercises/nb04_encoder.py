@@ -152,10 +152,16 @@ def mean_pool(x, keep):
 def _pool_cases():
     g = _gen(45)
     x = torch.randn(3, 5, 4, generator=g) + 1.0
-    keep = torch.arange(5)[None, :] < torch.tensor([5, 2, 3])[:, None]  # (B, T)
+    keep = torch.arange(5)[None, :] < torch.tensor([5, 2, 3])[:, None]  # (B, T), right padding
     poisoned = x.clone()
     poisoned[~keep] = float("nan")  # what a padded position may hold after a masked softmax
-    return [(x, keep), (poisoned, keep)]
+    # left padding and gaps: the real positions need not come first, nor be contiguous
+    scattered = torch.tensor([[False, False, True, True, True],
+                              [True, False, True, False, True],
+                              [False, True, True, False, False]])
+    x2 = torch.randn(3, 5, 4, generator=g) - 0.5
+    x2[~scattered] = float("nan")
+    return [(x, keep), (poisoned, keep), (x2, scattered)]
 
 
 def _pool_all_positions(x, keep):
@@ -172,6 +178,11 @@ def _pool_divided_by_T(x, keep):
 
 def _pool_summed(x, keep):
     return x.masked_fill(~keep[..., None], 0.0).sum(dim=1)
+
+
+def _pool_first_n(x, keep):
+    lengths = keep.sum(dim=1).tolist()
+    return torch.stack([x[b, :n].mean(dim=0) for b, n in enumerate(lengths)])
 
 
 # ---- 04.mlm_corrupt -------------------------------------------------------------------------------
@@ -247,6 +258,7 @@ EXERCISES = [
             "forgot the learned scale": Mistake(
                 _rms_no_weight, "Multiply by weight (one learned number per feature) at the end."),
         },
+        forbidden=("rms_norm", "RMSNorm", "rms_norm_by_hand"),
     ),
     Exercise(
         name="04.sublayer",
@@ -265,6 +277,7 @@ EXERCISES = [
             "forgot the residual connection": Mistake(
                 _sublayer_no_residual, "Add x back: the sublayer *writes into* the residual stream."),
         },
+        forbidden=("Residual", "pre_ln", "post_ln"),
     ),
     Exercise(
         name="04.block_parameters",
@@ -288,11 +301,13 @@ EXERCISES = [
             "counted one norm instead of two": Mistake(
                 _block_one_norm, "There is a norm in front of (pre-LN) or after (post-LN) *each* sublayer."),
         },
+        forbidden=("ModelConfig", "TransformerBlock", "EncoderLayer", "expected_parameters", "count_parameters"),
     ),
     Exercise(
         name="04.mean_pool",
         task="mean_pool(x, keep): the mean of x (B, T, d) over the positions where keep (B, T) is True, "
-             "shape (B, d); whatever padding positions hold must not matter.",
+             "shape (B, d); keep may be True anywhere (right or left padding, gaps), and whatever the other "
+             "positions hold must not matter.",
         cases=_pool_cases,
         reference=mean_pool,
         mistakes={
@@ -306,7 +321,11 @@ EXERCISES = [
                 _pool_divided_by_T, "Divide by keep.sum(dim=1, keepdim=True), the real length of each example."),
             "summed instead of averaged": Mistake(
                 _pool_summed, "A sum grows with the length; divide it by the number of real positions."),
+            "averaged the first n positions": Mistake(
+                _pool_first_n, "The real positions need not come first (left padding) nor be contiguous: "
+                               "select them with keep itself, not with a length."),
         },
+        forbidden=("mean_pool",),
     ),
     Exercise(
         name="04.mlm_corrupt",

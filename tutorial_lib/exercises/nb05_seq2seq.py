@@ -36,7 +36,12 @@ def _sources(B=6, S=7, seed=1):
 # ---- 05.shift_right: the decoder input of teacher forcing ----------------------------------------
 
 def shift_right(tgt_out, bos_id):
-    """(B, T) targets -> (B, T) decoder input: BOS, then the targets without their last token."""
+    """(B, T) targets -> (B, T) decoder input: BOS, then the targets without their last token.
+
+    In a padded batch this puts a row's EOS at its first padded position (case 1), whose label is
+    PAD: the loss skips that position, and under the causal mask only later, also unscored,
+    positions can read it. ``dates.make_batch`` shifts each target before padding, so PAD
+    stands there instead; the logits at every scored position are the same either way."""
     bos = torch.full_like(tgt_out[:, :1], bos_id)
     return torch.cat([bos, tgt_out[:, :-1]], dim=1)
 
@@ -214,7 +219,8 @@ EXERCISES = [
     Exercise(
         name="05.shift_right",
         task="shift_right(tgt_out, bos_id): the decoder input for teacher forcing, (B, T) -> (B, T): "
-             "BOS first, then the targets without their last token.",
+             "BOS first, then the targets without their last token (in a padded row EOS then lands on the "
+             "first padded position, which the loss does not score).",
         cases=_shift_cases,
         reference=shift_right,
         mistakes={
@@ -250,6 +256,7 @@ EXERCISES = [
                                    "torch.full((B, 1), bos_id)."),
             "returned BOS too": Mistake(_kept_bos, "Return only the generated ids: drop the BOS column."),
         },
+        forbidden=("greedy_decode", "beam_search"),
     ),
     Exercise(
         name="05.sequence_log_prob",
@@ -272,6 +279,7 @@ EXERCISES = [
                 _score_probabilities, "Sum the log-probabilities (log_softmax, then gather); summing "
                                       "probabilities does not give the probability of the sequence."),
         },
+        forbidden=("sequence_log_prob", "log_prob_of"),
     ),
     Exercise(
         name="05.beam_step",

@@ -6,8 +6,6 @@ import math
 
 import torch
 
-from ..attention import repeat_kv  # the reference solution
-from ..sampling import top_p_filter  # the reference solution
 from .core import Exercise, Mistake
 
 
@@ -15,7 +13,18 @@ def _gen(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-# ---- 06.top_p: nucleus filtering (the reference is tutorial_lib.sampling.top_p_filter) ---------
+# ---- 06.top_p: nucleus filtering (tutorial_lib.sampling.top_p_filter computes the same) ---------
+
+def top_p_filter(logits, p):
+    """Keep, in each row of (..., V), the smallest set of most likely tokens whose probabilities
+    sum to at least p, and every token tied with the least likely of them; -inf elsewhere."""
+    sorted_logits = logits.sort(dim=-1, descending=True).values  # (..., V): most likely first
+    probs = sorted_logits.softmax(dim=-1)
+    before = probs.cumsum(dim=-1) - probs  # mass of the tokens ranked above each one
+    n_keep = (before < p).sum(dim=-1, keepdim=True)  # >= 1: nothing is ranked above the top token
+    smallest_kept = sorted_logits.gather(-1, n_keep - 1)  # (..., 1)
+    return logits.masked_fill(logits < smallest_kept, float("-inf"))  # ties with it stay
+
 
 def _top_p_cases():
     g = _gen(6)
@@ -26,14 +35,38 @@ def _top_p_cases():
         cases.append((logits, p))
     peaked = torch.tensor([[4.0, 0.0, -1.0, 0.5, -2.0]])  # top token alone holds ~95 %
     cases += [(peaked, 0.5), (peaked, 0.97)]
+    # exactly at the boundary: probabilities 1/2, 1/4, 1/8, 1/16, 1/16 (exact in float32, in a
+    # shuffled order), so the two most likely tokens hold exactly 0.75 and the top one exactly 0.5
+    halves = torch.tensor([0.125, 0.5, 0.0625, 0.25, 0.0625]).log()[None]
+    cases += [(halves, 0.75), (halves, 0.5)]
+    # ties at the cut: 2.0 then three tokens of 1.0; the nucleus needs one of them, so all three stay
+    tied = torch.tensor([[1.0, -1.0, 1.0, 2.0, 1.0], [0.5, 3.0, 0.5, 0.5, -2.0]])
+    cases.append((tied, 0.6))
     return cases
+
+
+def _drop_mask_in_vocab_order(drop_sorted, order):
+    return torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
 
 
 def _top_p_inclusive_cumsum(logits, p):
     sorted_logits, order = logits.sort(dim=-1, descending=True)
     cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
-    drop = torch.zeros_like(cum, dtype=torch.bool).scatter(-1, order, cum > p)
-    return logits.masked_fill(drop, float("-inf"))
+    return logits.masked_fill(_drop_mask_in_vocab_order(cum > p, order), float("-inf"))
+
+
+def _top_p_keeps_the_boundary_token(logits, p):
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    probs = sorted_logits.softmax(dim=-1)
+    before = probs.cumsum(dim=-1) - probs
+    return logits.masked_fill(_drop_mask_in_vocab_order(before > p, order), float("-inf"))  # keeps before == p
+
+
+def _top_p_ignores_ties(logits, p):
+    sorted_logits, order = logits.sort(dim=-1, descending=True, stable=True)
+    probs = sorted_logits.softmax(dim=-1)
+    before = probs.cumsum(dim=-1) - probs
+    return logits.masked_fill(_drop_mask_in_vocab_order(before >= p, order), float("-inf"))
 
 
 def _top_p_no_unsort(logits, p):
@@ -47,20 +80,22 @@ def _top_p_ascending(logits, p):
     sorted_logits, order = logits.sort(dim=-1, descending=False)
     probs = sorted_logits.softmax(dim=-1)
     before = probs.cumsum(dim=-1) - probs
-    drop = torch.zeros_like(before, dtype=torch.bool).scatter(-1, order, before >= p)
-    return logits.masked_fill(drop, float("-inf"))
+    return logits.masked_fill(_drop_mask_in_vocab_order(before >= p, order), float("-inf"))
 
 
 def _top_p_keeps_the_tail(logits, p):
     sorted_logits, order = logits.sort(dim=-1, descending=True)
     probs = sorted_logits.softmax(dim=-1)
     before = probs.cumsum(dim=-1) - probs
-    drop = torch.zeros_like(before, dtype=torch.bool).scatter(-1, order, before < p)
-    return logits.masked_fill(drop, float("-inf"))
+    return logits.masked_fill(_drop_mask_in_vocab_order(before < p, order), float("-inf"))
 
 
 def _top_p_on_probabilities(logits, p):
-    return logits.softmax(dim=-1) * torch.isfinite(top_p_filter(logits, p))
+    sorted_logits = logits.sort(dim=-1, descending=True).values
+    probs = sorted_logits.softmax(dim=-1)
+    n_keep = (probs.cumsum(dim=-1) - probs < p).sum(dim=-1, keepdim=True)
+    kept = logits >= sorted_logits.gather(-1, n_keep - 1)
+    return logits.softmax(dim=-1) * kept  # probabilities, not logits
 
 
 # ---- 06.cached_attention: one step of attention with a KV cache -----------------------------
@@ -128,7 +163,15 @@ def _cache_prepended(q, k_new, v_new, past_k=None, past_v=None):
     return scores.masked_fill(~allowed, float("-inf")).softmax(-1) @ values, keys, values
 
 
-# ---- 06.repeat_kv: grouped-query attention (the reference is tutorial_lib.attention.repeat_kv) ---
+# ---- 06.repeat_kv: grouped-query attention (tutorial_lib.attention.repeat_kv computes the same) ----
+
+def repeat_kv(x, n_rep):
+    """(B, h_kv, S, d_k) -> (B, h_kv * n_rep, S, d_k): key/value head j serves query heads
+    j * n_rep .. j * n_rep + n_rep - 1, so query head i reads key/value head i // n_rep."""
+    B, h_kv, S, d_k = x.shape
+    grouped = x[:, :, None].expand(B, h_kv, n_rep, S, d_k)  # (B, h_kv, n_rep, S, d_k): n_rep views of each head
+    return grouped.reshape(B, h_kv * n_rep, S, d_k)  # neighbours in a group share one key/value head
+
 
 def _repeat_cases():
     g = _gen(6)
@@ -154,15 +197,24 @@ EXERCISES = [
     Exercise(
         name="06.top_p",
         task="top_p_filter(logits, p): keep, in each row of (..., V), the smallest set of most likely "
-             "tokens whose probabilities sum to at least p (the most likely token always stays); set "
-             "every other logit to -inf and leave the kept logits unchanged.",
+             "tokens whose probabilities sum to at least p (the most likely token always stays), and every "
+             "token whose logit equals that of the least likely kept token (ties); set every other logit "
+             "to -inf and leave the kept logits unchanged.",
         cases=_top_p_cases,
         reference=top_p_filter,
+        forbidden=("top_p_filter", "filtered_logits", "Sampler"),
         mistakes={
             "dropped the token that crosses p": Mistake(
                 _top_p_inclusive_cumsum, "Comparing the cumulative sum *including* the token with p drops "
                 "the token that takes the mass past p, and with a very likely top token keeps nothing. "
                 "Compare the mass of the tokens *before* it: cumsum - probs >= p means drop."),
+            "kept a token after the mass reached p exactly": Mistake(
+                _top_p_keeps_the_boundary_token, "When the tokens before one already hold exactly p, the set "
+                "is complete without it: drop a token when the mass before it is >= p, not only > p."),
+            "ignored ties at the cut": Mistake(
+                _top_p_ignores_ties, "Tokens with the same logit as the least likely kept token must stay "
+                "too; otherwise the answer depends on how the sort orders equal values. Keep every logit "
+                ">= the smallest kept one."),
             "left the mask in sorted order": Mistake(
                 _top_p_no_unsort, "The drop mask is computed on the sorted logits; scatter it back to "
                 "vocabulary order with the sort's indices before applying it to the logits."),
@@ -209,6 +261,7 @@ EXERCISES = [
              "query head i reads key/value head i // n_rep (each kv head serves n_rep neighbouring query heads).",
         cases=_repeat_cases,
         reference=repeat_kv,
+        forbidden=("repeat_kv",),
         mistakes={
             "tiled the heads (torch.repeat)": Mistake(
                 _repeat_tiled, "x.repeat(1, n_rep, 1, 1) gives heads 0, 1, 0, 1: query head i then reads kv "

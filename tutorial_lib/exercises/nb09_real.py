@@ -3,6 +3,8 @@ weights into nn.Linear layout, and scoring heads for induction."""
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from ..bpe import merge_pair  # the reference solution
@@ -12,10 +14,33 @@ from .core import Exercise, Mistake
 # ---- 09.merge_pair: one BPE merge applied to a sequence of ids ---------------------------------
 
 
+class _InputList(list):
+    """The ``ids`` a case hands to the learner's function: a list that refuses to be changed,
+    so that changing ``ids`` in place instead of returning a new list is reported by name."""
+
+    def __deepcopy__(self, memo):  # the grader copies every case; list's own copy would append
+        return _InputList(copy.deepcopy(list(self), memo))
+
+
+def _refuse(method: str):
+    def refuse(self, *args, **kwargs):
+        raise ValueError(f"your function changed the list ids it was given (list.{method}); build a new list, "
+                         "return it, and leave ids as it was")
+    return refuse
+
+
+for _method in ("__setitem__", "__delitem__", "__iadd__", "__imul__", "append", "extend", "insert", "pop",
+                "remove", "clear", "sort", "reverse"):
+    setattr(_InputList, _method, _refuse(_method))
+
+
 def _merge_cases():
-    return [([1, 2, 1, 2, 3], (1, 2), 9), ([5, 5, 5], (5, 5), 7), ([5, 5, 5, 5], (5, 5), 7),
-            ([3, 1, 2, 1, 1, 2], (1, 2), 8), ([1, 2], (2, 1), 9), ([4], (4, 4), 6), ([], (1, 2), 9),
-            ([2, 1, 2, 2, 1, 2, 1], (2, 1), 5)]
+    cases = [([1, 2, 1, 2, 3], (1, 2), 9), ([5, 5, 5], (5, 5), 7), ([5, 5, 5, 5], (5, 5), 7),
+             ([3, 1, 2, 1, 1, 2], (1, 2), 8), ([1, 2], (2, 1), 9), ([4], (4, 4), 6), ([], (1, 2), 9),
+             ([2, 1, 2, 2, 1, 2, 1], (2, 1), 5),
+             # ids of several digits, so that replacing "5 5" in the ids written as text is wrong
+             ([15, 5, 51, 256, 5, 5], (5, 5), 300), ([21, 5, 5, 12, 1, 5], (1, 5), 301)]
+    return [(_InputList(ids), pair, new_id) for ids, pair, new_id in cases]
 
 
 def _merge_first_only(ids, pair, new_id):
@@ -119,7 +144,7 @@ EXERCISES = [
         name="09.merge_pair",
         task="merge_pair(ids, pair, new_id): replace every occurrence of the adjacent pair in the list ids "
              "by new_id, scanning left to right without overlaps ([5, 5, 5] with pair (5, 5) gives "
-             "[new_id, 5]); return a new list.",
+             "[new_id, 5]); return a new list and leave ids unchanged.",
         cases=_merge_cases,
         reference=merge_pair,
         forbidden=("merge_pair",),

@@ -107,7 +107,7 @@ def bubble_fraction(stages, microbatches):
 
 
 def _bubble_cases():
-    return [(2, 4), (4, 8), (8, 32), (1, 5), (4, 1)]
+    return [(2, 4), (4, 8), (8, 32), (1, 5), (4, 1), (4, 2)]  # (4, 2): fewer micro-batches than stages
 
 
 def _bubble_against_compute(stages, microbatches):
@@ -150,6 +150,7 @@ EXERCISES = [
              "all-reduce of a tensor of n_values values over world_size ranks (n_values divides by world_size).",
         cases=_allreduce_cases,
         reference=allreduce_bytes,
+        forbidden=("ring_bytes_sent", "expected_traffic"),
         mistakes={
             "counted only the reduce-scatter": Mistake(
                 _allreduce_half, "After the reduce-scatter each rank holds 1/N of the sum; an all-gather must "
@@ -169,6 +170,7 @@ EXERCISES = [
              "traffic), with the embedding and the head not split.",
         cases=_tp_cases,
         reference=tp_step_bytes,
+        forbidden=("expected_traffic",),
         mistakes={
             "forward pass only": Mistake(
                 _tp_forward_only, "The backward pass all-reduces too: the gradients of the inputs of attention "
