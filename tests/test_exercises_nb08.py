@@ -153,6 +153,30 @@ def test_micro_batch_losses_unnamed_wrong_answer_is_rejected():
     assert check("08.micro_batch_losses", smoothing_over_the_other_classes).status == WRONG
 
 
+def test_micro_batch_losses_right_values_without_the_graph_are_rejected():
+    def rebuilt_from_values(micro_logits, micro_targets, ignore_index=-100, smoothing=0.0):
+        # the right numbers, cut off from the logits: backward() runs but gives them no gradient
+        return [loss.detach().clone().requires_grad_()
+                for loss in micro_batch_losses(micro_logits, micro_targets, ignore_index, smoothing)]
+
+    assert check("08.micro_batch_losses", rebuilt_from_values).status == WRONG
+
+
+def test_micro_batch_losses_checker_runs_backward_on_each_loss():
+    """A constant 0 for the all-padding micro-batch has the reference's value; only backward() tells it apart."""
+    exercise = EXERCISES["08.micro_batch_losses"]
+    micro_logits, micro_targets, ignore_index, smoothing = exercise.cases()[2]
+    assert bool((micro_targets[-1] == ignore_index).all()), "case 2 ends with a micro-batch of padding only"
+    constant = exercise.mistakes["a constant 0 for a micro-batch without targets"].fn
+    values = [float(v) for v in constant(micro_logits, micro_targets, ignore_index, smoothing)]
+    assert values == pytest.approx([float(v) for v in micro_batch_losses(micro_logits, micro_targets, ignore_index,
+                                                                          smoothing)])
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        leaves = [lg.clone().requires_grad_() for lg in micro_logits]
+        for loss in constant(leaves, micro_targets, ignore_index, smoothing):
+            loss.backward()
+
+
 # ---- 08.sampler_indices ------------------------------------------------------------------------
 
 

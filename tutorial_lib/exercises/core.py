@@ -43,6 +43,10 @@ class Exercise:
     # exercise rebuilds, a built-in that does the whole job). An attempt whose source uses one
     # is graded "wrong" with a message that names it; the reference and the mistakes may use them.
     forbidden: tuple[str, ...] = ()
+    # How one case is run and what of it is compared: run(fn, args) -> the compared value.
+    # None: fn(*args). An exercise whose answer must also behave right afterwards (losses that
+    # backward() must accept) runs that here, for the reference and the mistakes alike.
+    run: Callable[[Callable, tuple], object] | None = None
 
 
 @dataclass(frozen=True)
@@ -154,8 +158,9 @@ def _explain(got, expected, atol: float) -> str:
     return f"expected {_describe(expected)}, got {_describe(got)}"
 
 
-def _run(fn: Callable, args: tuple):
-    return fn(*copy.deepcopy(args))
+def _run(fn: Callable, args: tuple, run: Callable | None = None):
+    args = copy.deepcopy(args)
+    return fn(*args) if run is None else run(fn, args)
 
 
 def names_used(fn: Callable) -> set[str]:
@@ -206,11 +211,11 @@ def grade(exercise: Exercise, fn: Callable) -> Result:
         return Result(name, WRONG, f"check takes your function itself (check({name!r}, my_function)), "
                                    f"got {_describe(fn)}")
     cases = exercise.cases()
-    expected = [_run(exercise.reference, args) for args in cases]
+    expected = [_run(exercise.reference, args, exercise.run) for args in cases]
     got = []
     for i, args in enumerate(cases):
         try:
-            got.append(_run(fn, args))
+            got.append(_run(fn, args, exercise.run))
         except NotImplementedError:
             return Result(name, NOT_ATTEMPTED, "not attempted yet: replace `raise NotImplementedError` "
                                                "with your code and run the cell again")
@@ -220,7 +225,7 @@ def grade(exercise: Exercise, fn: Callable) -> Result:
         return Result(name, PASSED, f"correct on all {len(cases)} cases")
     for label, mistake in exercise.mistakes.items():
         try:
-            theirs = [_run(mistake.fn, args) for args in cases]
+            theirs = [_run(mistake.fn, args, exercise.run) for args in cases]
         except Exception:  # a mistake that cannot run on some case is simply not this answer
             continue
         if all(same(g, t, exercise.atol) for g, t in zip(got, theirs)):

@@ -176,6 +176,30 @@ def _micro_cases():
     return [(*equal,), (logits, targets), (pad_logits, pad_targets, 0, 0.1), (logits, targets, -100, 0.2)]
 
 
+def _losses_then_backward(fn, args):
+    """What the checker compares for 08.micro_batch_losses: the losses' values, whether each
+    loss can be backpropagated, and the gradient that backward() on each loss in turn leaves on
+    the logits. The logits require grad, as a model's output does."""
+    micro_logits = [logits.requires_grad_() for logits in args[0]]  # args are the checker's own copy
+    losses = fn(micro_logits, *args[1:])
+    if not isinstance(losses, (list, tuple)):
+        return losses  # compared as it is: not a list of losses, so wrong
+    values, has_graph = [], []
+    for loss in losses:
+        has_graph.append(isinstance(loss, torch.Tensor) and loss.requires_grad)
+        if has_graph[-1]:
+            loss.backward()  # one backward per micro-batch, as accumulation does
+        values.append(loss.detach() if isinstance(loss, torch.Tensor) else loss)
+    gradients = [torch.zeros_like(lg) if lg.grad is None else lg.grad for lg in micro_logits]
+    return values, has_graph, gradients
+
+
+def _micro_constant_zero(micro_logits, micro_targets, ignore_index=-100, smoothing=0.0):
+    losses = micro_batch_losses(micro_logits, micro_targets, ignore_index, smoothing)
+    return [torch.tensor(0.0) if bool((t == ignore_index).all()) else loss
+            for loss, t in zip(losses, micro_targets)]
+
+
 def _micro_mean_over_k(micro_logits, micro_targets, ignore_index=-100, smoothing=0.0):
     k = len(micro_logits)
     return [F.cross_entropy(lg.flatten(0, -2), t.flatten(), ignore_index=ignore_index,
@@ -309,9 +333,12 @@ EXERCISES = [
              "logits (b, T, V) and targets (b, T), one pair per micro-batch. Return one scalar loss per "
              "micro-batch such that their sum is the mean label-smoothed cross-entropy over every target that "
              "is not ignore_index in all micro-batches together (so backward() on each accumulates exactly "
-             "the big batch's gradient). A micro-batch with no kept target gives 0, not NaN.",
+             "the big batch's gradient; the logits require grad, and the checker calls backward() on each "
+             "loss and compares the gradients). A micro-batch with no kept target gives a 0 that backward() "
+             "accepts, not NaN.",
         cases=_micro_cases,
         reference=micro_batch_losses,
+        run=_losses_then_backward,
         mistakes={
             "each micro-batch's mean divided by k": Mistake(
                 _micro_mean_over_k, "mean / k weighs every micro-batch alike, so a target in a short "
@@ -328,6 +355,11 @@ EXERCISES = [
                 _micro_weighted_means, "Weighting each mean by its count is exact, except for a micro-batch "
                                        "with no target: its mean is 0/0 = NaN, and NaN * 0 is NaN. Sum the "
                                        "losses instead (reduction='sum' gives 0 there)."),
+            "a constant 0 for a micro-batch without targets": Mistake(
+                _micro_constant_zero, "torch.tensor(0.) has the right value but no graph: backward() on it "
+                                      "raises 'element 0 of tensors does not require grad and does not have a "
+                                      "grad_fn'. Return a 0 that is part of the graph: the summed per-target "
+                                      "loss over no targets (reduction='sum') is one."),
             "label smoothing left out": Mistake(
                 _micro_no_smoothing, "Pass smoothing on to the per-target loss (label_smoothing=...): the "
                                      "weighting does not change the loss of each target."),
