@@ -231,6 +231,19 @@ def test_cache_appends_in_place_and_grows_without_changing_its_contents():
         cache.append(torch.randn(3, 3, 1, 4), torch.randn(1, 3, 1, 4))
 
 
+def test_cache_with_capacity_allocates_once_and_keeps_every_position():
+    cache = LayerKVCache(capacity=8)
+    k = torch.randn(2, 3, 8, 4)
+    cache.append(k[:, :, :3], -k[:, :, :3])  # a 3-position prompt, then single steps
+    buffer = cache.keys.data_ptr()
+    for t in range(3, 8):
+        keys, values = cache.append(k[:, :, t : t + 1], -k[:, :, t : t + 1])
+    assert cache.keys.data_ptr() == buffer, "a cache with room for max_len positions must never move"
+    assert torch.equal(keys, k) and torch.equal(values, -k) and len(cache) == 8, "cached keys/values differ"
+    cache.append(k[:, :, :1], k[:, :, :1])  # past the capacity it grows as a cache without one
+    assert len(cache) == 9 and torch.equal(cache.keys[:, :, :8], k), "growing past capacity lost positions"
+
+
 def test_kv_cache_counts_positions_and_bytes():
     cache = KVCache(3)
     assert len(cache) == 0

@@ -87,6 +87,34 @@ def test_cached_and_uncached_generation_give_identical_tokens_and_logits(name):
     torch.testing.assert_close(la, lb, atol=ATOL, rtol=0)
 
 
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_generate_reads_the_ids_on_the_host_once_not_at_every_step(monkeypatch, use_cache):
+    # the value check of the ids is a device sync; generate checks the prompt and the model
+    # skips the check at every step, whose new token is an id by construction
+    import tutorial_lib.gpt
+    import tutorial_lib.sampling
+
+    checked = []
+
+    def counting(module):
+        original = module.check_id_values
+
+        def check(*ranges):
+            checked.extend(tuple(r.values.shape) for r in ranges)
+            return original(*ranges)
+
+        monkeypatch.setattr(module, "check_id_values", check)
+
+    counting(tutorial_lib.gpt)
+    counting(tutorial_lib.sampling)
+    model = build("gpt")
+    out = generate(model, torch.randint(0, 50, (2, 5)), 12, use_cache=use_cache)
+    assert out.shape == (2, 17), f"expected 12 new tokens, got shape {tuple(out.shape)}"
+    assert checked == [(2, 5)], f"expected one check of the (2, 5) prompt, got checks of {checked}"
+    with pytest.raises(ValueError, match=r"ids must hold ids in \[0, 49\]"):
+        generate(model, torch.full((1, 3), 50), 2, use_cache=use_cache)
+
+
 def test_cache_positions_come_from_the_cache_length():
     model = build("llama")
     ids = torch.randint(0, 50, (1, 8))

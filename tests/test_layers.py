@@ -28,6 +28,18 @@ def test_rmsnorm_equals_torch_rmsnorm_and_does_not_centre():
     assert [n for n, _ in RMSNorm(8).named_parameters()] == ["weight"]
 
 
+def test_rmsnorm_float32_path_gives_the_bits_of_norm_then_scale():
+    # float32 inputs take one call with the scale inside (the decoding hot path); it must give
+    # exactly what normalising first and multiplying by the scale afterwards gives
+    norm = RMSNorm(16, eps=1e-6)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(16) * 2)
+    x = torch.randn(4, 7, 16) * 3 + 1
+    two_steps = norm.weight * torch.nn.functional.rms_norm(x, (16,), eps=1e-6)
+    assert torch.equal(norm(x), two_steps), "the one-call float32 path changed the numbers"
+    assert norm(x.double()).dtype == torch.float64, "a float64 input must come back float64"
+
+
 def test_rmsnorm_epsilon_is_inside_the_square_root():
     x = torch.full((1, 4), 1e-3)
     eps = 1e-2

@@ -105,6 +105,19 @@ def test_rotate_half_pairs_dimension_i_with_i_plus_half():
     torch.testing.assert_close(apply_rope(x[None], angle.cos(), angle.sin()), rotate_half(x)[None])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T,offset", [(1, 0), (1, 37), (16, 0), (9, 100)])
+def test_rotary_module_gives_the_bits_of_apply_rope(dtype, T, offset):
+    # the module rotates with roll and a sign-folded sine (fewer operations per decoding step);
+    # it must give exactly apply_rope's x * cos + rotate_half(x) * sin
+    rope = RotaryEmbedding(8)
+    q, k = torch.randn(2, 4, T, 8).to(dtype) * 5, torch.randn(2, 2, T, 8).to(dtype)
+    cos, sin = rope.cos_sin(T, offset, dtype=dtype)
+    q_rot, k_rot = rope(q, k, offset)
+    assert torch.equal(q_rot, apply_rope(q, cos, sin)), f"queries differ from apply_rope at T={T}, offset={offset}"
+    assert torch.equal(k_rot, apply_rope(k, cos, sin)), f"keys differ from apply_rope at T={T}, offset={offset}"
+
+
 def test_rope_is_a_rotation_that_leaves_position_zero_alone_and_keeps_norms():
     rope = RotaryEmbedding(16)
     x = torch.randn(1, 1, 9, 16)

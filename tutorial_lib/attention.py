@@ -184,6 +184,14 @@ def fused_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
     check_attention_inputs(q, k, v, mask, bias)
     if dropout_p != 0.0:  # the usual value costs one comparison
         check_number("dropout_p", dropout_p, low=0.0, high=1.0, high_open=True)
+    return _fused(q, k, v, mask, bias, dropout_p, is_causal)
+
+
+def _fused(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None, dropout_p: float,
+           is_causal: bool) -> Tensor:
+    """:func:`fused_attention` without its checks, for callers whose inputs are already known
+    to fit (:class:`MultiHeadAttention` builds q, k and v itself and checks a mask or bias
+    it is given): a cached decoding step of a small model is mostly such fixed costs."""
     T, S = q.size(-2), k.size(-2)
     if is_causal and T == 1:
         is_causal = False  # one query, the newest position: it may see every key (cached decoding)
@@ -216,13 +224,16 @@ class LayerKVCache:
     The keys and values live in buffers with room to spare, and ``keys`` / ``values`` are
     views of the filled part: appending one position writes it in place instead of copying
     the whole cache (``torch.cat``) at every step. When a buffer is full its room doubles,
-    so a generation of n tokens copies the cache only about log2(n) times.
+    so a generation of n tokens copies the cache only about log2(n) times. With ``capacity``
+    (a model's max_len) the first append allocates room for that many positions at once, and
+    the buffers are never copied.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, capacity: int | None = None) -> None:
         self._keys: Tensor | None = None  # (B, h_kv, capacity, d_k)
         self._values: Tensor | None = None
         self._length = 0
+        self.capacity = None if capacity is None else check_count("capacity", capacity)
 
     def __len__(self) -> int:
         return self._length
@@ -242,8 +253,12 @@ class LayerKVCache:
             raise ValueError(f"new values of shape {_shape(v)} differ from the new keys {_shape(k)}; both are "
                              "(B, h_kv, T, d_k)")
         if self._keys is None:
-            self._keys, self._values, self._length = k, v, k.size(-2)
-            return k, v
+            if self.capacity is None:
+                self._keys, self._values, self._length = k, v, k.size(-2)
+                return k, v
+            # room for the whole context; the prompt is written into it like any later step
+            self._keys = self._grow(k, 0, max(self.capacity, k.size(-2)))
+            self._values = self._grow(v, 0, self._keys.size(-2))
         if k.shape[:2] != self._keys.shape[:2] or k.size(-1) != self._keys.size(-1):
             raise ValueError(f"new keys of shape {_shape(k)} do not fit the cached keys {_shape(self.keys)}")
         start, end = self._length, self._length + k.size(-2)
@@ -277,9 +292,9 @@ class LayerKVCache:
 class KVCache:
     """The key/value caches of a whole stack, one :class:`LayerKVCache` per layer."""
 
-    def __init__(self, n_layers: int) -> None:
+    def __init__(self, n_layers: int, capacity: int | None = None) -> None:
         check_count("n_layers", n_layers)
-        self.layers = [LayerKVCache() for _ in range(n_layers)]
+        self.layers = [LayerKVCache(capacity) for _ in range(n_layers)]
 
     def __len__(self) -> int:
         """How many positions are cached (the position of the next token)."""
@@ -383,7 +398,14 @@ class MultiHeadAttention(nn.Module):
                 mask = combine(mask, causal_mask(q.size(-2), k.size(-2), device=q.device))
             out, weights = scaled_dot_product_attention(q, k, v, mask, bias=bias, dropout_p=dropout_p)
         else:
-            out = fused_attention(q, k, v, mask, bias=bias, dropout_p=dropout_p, is_causal=is_causal)
+            # q, k and v were built here (their shapes fit by construction): only what the
+            # caller handed in is checked, and a decoding step without a mask checks nothing
+            target = (q.size(0), self.n_heads, q.size(-2), k.size(-2))
+            if mask is not None:
+                check_mask("mask", mask, target, q.device)
+            if bias is not None:
+                check_mask("bias", bias, target, q.device, bias=True)
+            out = _fused(q, k, v, mask, bias, dropout_p, is_causal)
             weights = None
         B, _, T, _ = out.shape
         out = out.transpose(1, 2).reshape(B, T, self.q_size)  # merge heads: (B, T, h * d_k)

@@ -60,11 +60,12 @@ class DecoderOnlyLM(nn.Module):
             self.head.weight = self.embed.tokens.weight  # one matrix: embedding in, logits out
 
     def new_cache(self) -> KVCache:
-        return KVCache(self.cfg.n_layers)
+        # room for max_len positions from the start: no cache is ever copied to grow it
+        return KVCache(self.cfg.n_layers, capacity=self.cfg.max_len)
 
     def forward(self, ids: Tensor, targets: Tensor | None = None, *, cache: KVCache | None = None,
                 need_weights: bool = False, mask: Tensor | None = None,
-                ignore_index: int = -100) -> LMOutput:
+                ignore_index: int = -100, check_ids: bool = True) -> LMOutput:
         """ids: (B, T). targets: (B, T) next tokens, ``ignore_index`` where there is none.
 
         cache: a :class:`KVCache`; the ids then sit at positions len(cache).. and their keys
@@ -75,12 +76,19 @@ class DecoderOnlyLM(nn.Module):
         :func:`tutorial_lib.moe.load_balancing_loss` averaged over its MoE layers (computed over
         every position, with or without targets); ``loss`` stays the cross-entropy alone.
         Train on ``loss + coefficient * aux_loss`` (:func:`tutorial_lib.train.loss_with_aux`).
+
+        ``check_ids=False`` skips the checks of ``ids`` (shape, dtype, length, values) for a
+        caller that has made sure of them: :func:`tutorial_lib.sampling.generate` checks the
+        prompt once, and every token it appends is an id by construction. The value check
+        reads the ids on the host, a device sync at every decoding step otherwise.
         """
-        check_id_tensor("ids", ids)
         offset = 0 if cache is None else len(cache)
+        ranges = []
+        if check_ids:
+            check_id_tensor("ids", ids)
+            check_length("ids", ids.size(1), self.cfg.max_len, offset)
+            ranges.append(IdRange("ids", ids, self.cfg.vocab_size))
         B, T = ids.shape
-        check_length("ids", T, self.cfg.max_len, offset)
-        ranges = [IdRange("ids", ids, self.cfg.vocab_size)]
         if targets is not None:
             check_id_tensor("targets", targets, what="target ids")
             if targets.shape != ids.shape:
@@ -88,7 +96,8 @@ class DecoderOnlyLM(nn.Module):
             ranges.append(IdRange("targets", targets, self.cfg.vocab_size, check_ignore_index(ignore_index)))
         if mask is not None:
             check_mask("mask", mask, (B, self.cfg.n_heads, T, offset + T), ids.device)
-        check_id_values(*ranges)  # one host sync for ids and targets together
+        if ranges:
+            check_id_values(*ranges)  # one host sync for ids and targets together
         x = self.embed(ids, offset, check_values=False)  # (B, T, d)
         bias = position_bias(self.cfg, T, offset + T, x.device, self.relative_bias)  # (1, h, T, S): ALiBi, T5
         weights, balance = [], []

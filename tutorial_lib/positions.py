@@ -108,10 +108,15 @@ class RotaryEmbedding(nn.Module):
         self.base = base
         inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
-        self._table: tuple[Tensor, Tensor] | None = None  # cos and sin for positions 0 .. n-1
+        # cos, sin and the sign-folded sin (see forward) for positions 0 .. n-1, each (n, d_k)
+        self._table: tuple[Tensor, Tensor, Tensor] | None = None
 
     def cos_sin(self, T: int, offset: int = 0, *, dtype=torch.float32) -> tuple[Tensor, Tensor]:
         """cos and sin of the angles at positions offset .. offset + T - 1, each (T, d_k)."""
+        cos, sin, _ = self._rows(T, offset, dtype)
+        return cos, sin
+
+    def _rows(self, T: int, offset: int, dtype) -> tuple[Tensor, Tensor, Tensor]:
         end = offset + T
         table = self._table
         if table is None or table[0].size(0) < end or table[0].device != self.inv_freq.device \
@@ -125,8 +130,11 @@ class RotaryEmbedding(nn.Module):
                 position = torch.arange(size, device=self.inv_freq.device, dtype=torch.float32)
                 angle = torch.outer(position, self.inv_freq)  # (size, d_k/2)
                 angle = torch.cat((angle, angle), dim=-1)  # (size, d_k): the same angle for i and i + d/2
-                table = self._table = (angle.cos().to(dtype), angle.sin().to(dtype))
-        return table[0][offset:end], table[1][offset:end]
+                sin = angle.sin()
+                half = self.head_dim // 2
+                signed = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)  # (size, d_k)
+                table = self._table = (angle.cos().to(dtype), sin.to(dtype), signed.to(dtype))
+        return table[0][offset:end], table[1][offset:end], table[2][offset:end]
 
     def forward(self, q: Tensor, k: Tensor, offset: int = 0) -> tuple[Tensor, Tensor]:
         """Rotate q (B, h, T, d_k) and k (B, h_kv, T, d_k) that sit at positions offset.."""
@@ -141,8 +149,12 @@ class RotaryEmbedding(nn.Module):
                 f"got {q.size(-2)} queries and {k.size(-2)} keys"
             )
         _check_count("offset", offset, 0)
-        cos, sin = self.cos_sin(q.size(-2), offset, dtype=q.dtype)
-        return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        cos, _, signed_sin = self._rows(q.size(-2), offset, q.dtype)
+        # apply_rope's x * cos + rotate_half(x) * sin in four operations instead of six:
+        # rotate_half(x) = cat(-x2, x1), so rotate_half(x) * sin = roll(x) * cat(-sin1, sin1),
+        # where roll(x) = cat(x2, x1). Moving the minus sign from x2 to sin changes no bit.
+        half = self.head_dim // 2
+        return q * cos + q.roll(half, dims=-1) * signed_sin, k * cos + k.roll(half, dims=-1) * signed_sin
 
 
 def alibi_slopes(n_heads: int) -> Tensor:

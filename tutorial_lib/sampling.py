@@ -120,6 +120,7 @@ def generate(model: nn.Module, ids: Tensor, max_new_tokens: int, *, sampler: Sam
         raise ValueError(f"generate extends the ids of a decoder-only language model (family='decoder'), got {what}; "
                          "for an encoder-decoder model use greedy_decode or beam_search")
     check_id_tensor("ids", ids)
+    check_id_values(IdRange("ids", ids, cfg.vocab_size))  # once: the model's steps skip it (check_ids=False)
     check_count("max_new_tokens", max_new_tokens, 0)
     if not callable(sampler):
         raise ValueError(f"sampler must be a Sampler, e.g. Sampler(temperature=0.8, top_k=20), got {sampler!r}")
@@ -145,24 +146,32 @@ def generate(model: nn.Module, ids: Tensor, max_new_tokens: int, *, sampler: Sam
 
 def _extend(model: nn.Module, ids: Tensor, max_new_tokens: int, sampler: Sampler, use_cache: bool,
             generator: torch.Generator | None) -> tuple[Tensor, list[Tensor]]:
-    """The decoding loop of :func:`generate`: (B, T) ids -> (B, T + N) ids, N logits (B, V)."""
+    """The decoding loop of :func:`generate`: (B, T) ids -> (B, T + N) ids, N logits (B, V).
+
+    The prompt was checked by generate and every appended token is an id the sampler picked
+    from V logits, so the model is told to skip its checks of the ids (``check_ids=False``).
+    The output is allocated once and filled in place: no copy of the ids per step.
+    """
     max_len = model.cfg.max_len
+    B, T = ids.shape
+    # long as torch.cat([ids, token]) would make it (argmax and multinomial return int64)
+    out = ids.new_empty(B, T + max_new_tokens, dtype=torch.long if max_new_tokens else ids.dtype)
+    out[:, :T] = ids
     step_logits = []
     cache = None
-    for _ in range(max_new_tokens):
+    for end in range(T, T + max_new_tokens):  # out[:, :end] is filled
         if not use_cache:
-            logits = model(ids[:, -max_len:]).logits[:, -1]  # (B, V)
+            logits = model(out[:, max(0, end - max_len):end], check_ids=False).logits[:, -1]  # (B, V)
         else:
             if cache is None or len(cache) + 1 > max_len:
                 cache = model.new_cache()
-                context = ids[:, -max_len:]  # prefill (again, once the window is full)
+                context = out[:, max(0, end - max_len):end]  # prefill (again, once the window is full)
             else:
-                context = ids[:, -1:]  # only the newest token
-            logits = model(context, cache=cache).logits[:, -1]
+                context = out[:, end - 1:end]  # only the newest token
+            logits = model(context, cache=cache, check_ids=False).logits[:, -1]
         step_logits.append(logits)
-        next_id = sampler(logits, generator)  # (B,)
-        ids = torch.cat([ids, next_id[:, None]], dim=1)
-    return ids, step_logits
+        out[:, end] = sampler(logits, generator)  # (B,)
+    return out, step_logits
 
 
 # ---- seq2seq decoding: greedy and beam search for an encoder-decoder (notebook 05) -----------
