@@ -108,6 +108,8 @@ def check_mask(name: str, m, target: tuple[int, int, int, int], device: torch.de
         hint = ""
         if m.dim() == 2 and m.shape != (T, S) and m.size(0) == B:
             hint = f"; a 2-D {name} is read as (T, S): a (B, S) key-padding mask needs {name}[:, None, None, :]"
+        elif m.dim() == 2:
+            hint = f"; expected (T, S) = ({T}, {S}) or a 4-D {name}"
         raise ValueError(f"{name} of shape {_shape(m)} does not broadcast to (B, h, T, S) = {target}{hint}")
 
 
