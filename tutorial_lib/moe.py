@@ -18,7 +18,9 @@ is scaled by ``sigmoid(w_g . x)``).
 
 Left alone, a router tends to send most tokens to a few experts, which then get all the
 training signal. :func:`load_balancing_loss` is the auxiliary loss of Switch Transformer
-(section 2.2) that Mixtral trains with, added to the language-model loss with a small weight.
+(section 2.2), added to the language-model loss with a small weight; `transformers`' Mixtral
+implementation provides the same loss (``router_aux_loss_coef``, 0.02 in Mixtral's config.json),
+though the Mixtral paper does not describe its training loss.
 
 This implementation is *dropless*: every token reaches all of its k experts (no capacity
 factor, no token is dropped when an expert is popular). The loop over experts is written
