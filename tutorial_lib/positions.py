@@ -122,7 +122,7 @@ class RotaryEmbedding(nn.Module):
     def _rows(self, T: int, offset: int, dtype) -> tuple[Tensor, Tensor, Tensor]:
         key = (T, offset, dtype)
         last = self._last
-        if last is not None and last[0] == key and last[1][0].device == self.inv_freq.device:
+        if last is not None and last[0] == key:
             return last[1]
         end = offset + T
         table = self._table
@@ -144,6 +144,10 @@ class RotaryEmbedding(nn.Module):
         rows = table[0][offset:end], table[1][offset:end], table[2][offset:end]
         self._last = key, rows
         return rows
+
+    def _apply(self, fn, recurse=True):
+        self._last = None  # moved or cast (.to, .cuda, .half): the remembered rows are stale
+        return super()._apply(fn, recurse)
 
     def forward(self, q: Tensor, k: Tensor, offset: int = 0) -> tuple[Tensor, Tensor]:
         """Rotate q (B, h, T, d_k) and k (B, h_kv, T, d_k) that sit at positions offset.."""
