@@ -16,6 +16,7 @@ from tutorial_lib.attention import (
     scaled_dot_product_attention,
 )
 from tutorial_lib.masks import causal_mask, key_padding_to_torch, padding_mask, to_blocked
+from tutorial_lib.positions import RotaryEmbedding
 
 ATOL = 1e-5
 
@@ -284,3 +285,23 @@ def test_module_configuration_errors():
         mha(torch.randn(2, 5, 8))
     with pytest.raises(ValueError, match="context must have shape"):
         mha(torch.randn(2, 5, 16), torch.randn(3, 4, 16))
+
+
+@pytest.mark.parametrize("n_kv_heads", [4, 2])
+def test_cached_rope_attention_gives_the_bits_of_project_then_rotate(n_kv_heads):
+    # the module splits its projection into heads once and rotates queries and keys together
+    # (fewer operations per decoding step); it must give exactly what the documented parts
+    # give: project, RotaryEmbedding's forward, the cache, fused attention, the output matrix
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(32, 4, n_kv_heads=n_kv_heads, rotary=RotaryEmbedding(8)).eval()
+    cache, keys, values = LayerKVCache(), None, None
+    for start, T in ((0, 5), (5, 1), (6, 1), (7, 3)):
+        x = torch.randn(2, T, 32)
+        q, k, v = mha.project(x)
+        q, k = mha.rotary(q, k, start)
+        keys = k if keys is None else torch.cat([keys, k], dim=2)
+        values = v if values is None else torch.cat([values, v], dim=2)
+        out = fused_attention(q, keys, values, is_causal=True)  # (B, h, T, d_k)
+        expected = mha.out(out.transpose(1, 2).reshape(2, T, 32))
+        got = mha(x, is_causal=True, cache=cache).out
+        assert torch.equal(got, expected), f"step at position {start} ({T} new) differs from project + rotate"

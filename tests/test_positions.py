@@ -232,3 +232,16 @@ def test_exercise_references_of_notebook_03_agree_with_the_library():
     for n in (1, 5, 8, 12, 20):
         torch.testing.assert_close(reference("03.alibi_slopes")(n), alibi_slopes(n))
     torch.testing.assert_close(reference("03.alibi_bias")(alibi_slopes(6), 5), alibi_bias(6, 5))
+
+
+def test_rotary_rows_follow_the_module_to_another_device():
+    # the rows of the last call are remembered for the next layer's call; moving the module
+    # must forget them, or a moved model would rotate with the old device's rows
+    rope = RotaryEmbedding(8)
+    q = torch.randn(1, 2, 3, 8)
+    rope(q, q, 5)
+    rope.to("meta")
+    q_rot, _ = rope(q.to("meta"), q.to("meta"), 5)
+    cos, _ = rope.cos_sin(3, 5)
+    assert q_rot.device.type == "meta" and cos.device.type == "meta", \
+        f"after .to('meta') the rotation ran on {q_rot.device} with rows on {cos.device}"

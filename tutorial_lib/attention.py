@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from .checks import check_count, check_number
 from .masks import causal_mask, combine
+from .positions import RotaryEmbedding
 
 
 class AttentionOutput(NamedTuple):
@@ -271,7 +272,7 @@ class LayerKVCache:
         self._keys.narrow(2, start, end - start).copy_(k)  # in place: buffer[:, :, start:end] = k
         self._values.narrow(2, start, end - start).copy_(v)
         self._length = end
-        return self.keys, self.values  # (B, h_kv, S + T, d_k)
+        return self._keys[:, :, :end], self._values[:, :, :end]  # (B, h_kv, S + T, d_k)
 
     @staticmethod
     def _grow(buffer: Tensor, filled: int, capacity: int) -> Tensor:
@@ -348,10 +349,19 @@ class MultiHeadAttention(nn.Module):
         B, L, _ = x.shape
         return x.view(B, L, n, self.head_dim).transpose(1, 2)  # (B, n, L, d_k)
 
+    def _self_heads(self, x: Tensor) -> Tensor:
+        """The fused projection of x as heads (B, h + 2 h_kv, T, d_k): queries, then keys, then
+        values. One view and one transpose for all three instead of a split, three views and
+        three transposes (a cached decoding step is mostly such fixed costs); splitting this on
+        dim 1 gives the same views, strides included, as splitting the features first."""
+        B, T, _ = x.shape
+        return self.qkv(x).view(B, T, self.n_heads + 2 * self.n_kv_heads, self.head_dim).transpose(1, 2)
+
     def project(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """Queries from x; keys and values from context (cross) or from x (self)."""
         if context is None:
-            q, k, v = self.qkv(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+            # split_with_sizes: Tensor.split without its Python wrapper (a cost per decoding step)
+            return self._self_heads(x).split_with_sizes([self.n_heads, self.n_kv_heads, self.n_kv_heads], dim=1)
         else:
             w_q, w_kv = self.qkv.weight.split([self.q_size, 2 * self.kv_size], dim=0)
             b_q, b_kv = (None, None) if self.qkv.bias is None else self.qkv.bias.split(
@@ -386,6 +396,14 @@ class MultiHeadAttention(nn.Module):
             b_q = None if self.qkv.bias is None else self.qkv.bias[: self.q_size]
             q = self._split_heads(F.linear(x, w_q, b_q), self.n_heads)
             k, v = cache.keys, cache.values
+        elif isinstance(rotary := self.rotary, RotaryEmbedding) and not cross:
+            # RoPE on queries and keys in one go: they are adjacent heads of the projection,
+            # and the rotation is per head and position (half the operations of rotating each)
+            q_and_k, v = self._self_heads(x).split_with_sizes([self.n_heads + self.n_kv_heads, self.n_kv_heads], 1)
+            q, k = rotary.rotate(q_and_k, 0 if cache is None else len(cache)).split_with_sizes(
+                [self.n_heads, self.n_kv_heads], 1)  # (B, h, T, d_k), (B, h_kv, T, d_k)
+            if cache is not None:
+                k, v = cache.append(k, v)  # (B, h_kv, S_total, d_k)
         else:
             q, k, v = self.project(x, context)  # (B, h, T, d_k), (B, h_kv, S, d_k) x 2
             if self.rotary is not None and not cross:
@@ -402,13 +420,17 @@ class MultiHeadAttention(nn.Module):
         else:
             # q, k and v were built here (their shapes fit by construction): only what the
             # caller handed in is checked, and a decoding step without a mask checks nothing
-            target = (q.size(0), self.n_heads, q.size(-2), k.size(-2))
-            if mask is not None:
-                check_mask("mask", mask, target, q.device)
-            if bias is not None:
-                check_mask("bias", bias, target, q.device, bias=True)
+            if mask is not None or bias is not None:
+                target = (q.size(0), self.n_heads, q.size(-2), k.size(-2))
+                if mask is not None:
+                    check_mask("mask", mask, target, q.device)
+                if bias is not None:
+                    check_mask("bias", bias, target, q.device, bias=True)
             out = _fused(q, k, v, mask, bias, dropout_p, is_causal)
             weights = None
         B, _, T, _ = out.shape
-        out = out.transpose(1, 2).reshape(B, T, self.q_size)  # merge heads: (B, T, h * d_k)
+        if T == 1:  # one query (a decoding step): (B, h, 1, d_k) holds the heads in merged order
+            out = out.reshape(B, 1, self.q_size)
+        else:
+            out = out.transpose(1, 2).reshape(B, T, self.q_size)  # merge heads: (B, T, h * d_k)
         return AttentionOutput(self.out(out), weights)  # (B, T, d)

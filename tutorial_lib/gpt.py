@@ -101,9 +101,10 @@ class DecoderOnlyLM(nn.Module):
         x = self.embed(ids, offset, check_values=False)  # (B, T, d)
         bias = position_bias(self.cfg, T, offset + T, x.device, self.relative_bias)  # (1, h, T, S): ALiBi, T5
         weights, balance = [], []
-        for i, block in enumerate(self.blocks):
-            x, w, routing = block(x, mask, is_causal=mask is None, bias=bias,
-                                  cache=None if cache is None else cache[i], need_weights=need_weights)
+        layer_caches = [None] * len(self.blocks) if cache is None else cache.layers
+        for block, layer_cache in zip(self.blocks, layer_caches):
+            x, w, routing = block(x, mask, is_causal=mask is None, bias=bias, cache=layer_cache,
+                                  need_weights=need_weights)
             weights.append(w)
             if routing is not None:
                 balance.append(load_balancing_loss(routing.logits, self.cfg.experts_per_token))

@@ -110,6 +110,9 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         # cos, sin and the sign-folded sin (see forward) for positions 0 .. n-1, each (n, d_k)
         self._table: tuple[Tensor, Tensor, Tensor] | None = None
+        # the rows of the last call, keyed by (T, offset, dtype): every layer of a decoding
+        # step asks for the same positions, so only the first one slices the table
+        self._last: tuple[tuple, tuple[Tensor, Tensor, Tensor]] | None = None
 
     def cos_sin(self, T: int, offset: int = 0, *, dtype=torch.float32) -> tuple[Tensor, Tensor]:
         """cos and sin of the angles at positions offset .. offset + T - 1, each (T, d_k)."""
@@ -117,6 +120,10 @@ class RotaryEmbedding(nn.Module):
         return cos, sin
 
     def _rows(self, T: int, offset: int, dtype) -> tuple[Tensor, Tensor, Tensor]:
+        key = (T, offset, dtype)
+        last = self._last
+        if last is not None and last[0] == key:
+            return last[1]
         end = offset + T
         table = self._table
         if table is None or table[0].size(0) < end or table[0].device != self.inv_freq.device \
@@ -134,7 +141,13 @@ class RotaryEmbedding(nn.Module):
                 half = self.head_dim // 2
                 signed = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)  # (size, d_k)
                 table = self._table = (angle.cos().to(dtype), sin.to(dtype), signed.to(dtype))
-        return table[0][offset:end], table[1][offset:end], table[2][offset:end]
+        rows = table[0][offset:end], table[1][offset:end], table[2][offset:end]
+        self._last = key, rows
+        return rows
+
+    def _apply(self, fn, recurse=True):
+        self._last = None  # moved or cast (.to, .cuda, .half): the remembered rows are stale
+        return super()._apply(fn, recurse)
 
     def forward(self, q: Tensor, k: Tensor, offset: int = 0) -> tuple[Tensor, Tensor]:
         """Rotate q (B, h, T, d_k) and k (B, h_kv, T, d_k) that sit at positions offset.."""
@@ -149,12 +162,17 @@ class RotaryEmbedding(nn.Module):
                 f"got {q.size(-2)} queries and {k.size(-2)} keys"
             )
         _check_count("offset", offset, 0)
-        cos, _, signed_sin = self._rows(q.size(-2), offset, q.dtype)
+        return self.rotate(q, offset), self.rotate(k, offset)
+
+    def rotate(self, x: Tensor, offset: int = 0) -> Tensor:
+        """Rotate x (B, heads, T, d_k) at positions offset.. (any heads: queries, keys, or both
+        stacked). No checks: :meth:`forward` checks its inputs, and MultiHeadAttention hands
+        this the heads of its own projection, whose width it built to fit."""
+        cos, _, signed_sin = self._rows(x.size(-2), offset, x.dtype)
         # apply_rope's x * cos + rotate_half(x) * sin in four operations instead of six:
         # rotate_half(x) = cat(-x2, x1), so rotate_half(x) * sin = roll(x) * cat(-sin1, sin1),
         # where roll(x) = cat(x2, x1). Moving the minus sign from x2 to sin changes no bit.
-        half = self.head_dim // 2
-        return q * cos + q.roll(half, dims=-1) * signed_sin, k * cos + k.roll(half, dims=-1) * signed_sin
+        return x * cos + x.roll(self.head_dim // 2, dims=-1) * signed_sin
 
 
 def alibi_slopes(n_heads: int) -> Tensor:
