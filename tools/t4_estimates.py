@@ -10,7 +10,7 @@ training runs of that notebook (:data:`PLANS`: one function per notebook, which 
 cells and must be updated with them). A run costs its training FLOPs per token
 (:func:`tutorial_lib.params.flops_per_token`: 6 N per token plus the attention term) times the
 tokens it trains on. Runs whose size does not follow the GPU setting (the small fixed models of
-notebooks 02-05) are left out: they are the CPU's runs, seconds long there.
+notebooks 02, 04 and 05) are left out: they are the CPU's runs, seconds long there.
 
 The rate: 30 % of the T4's peak. NVIDIA's T4 datasheet (Tesla T4 Tensor Core GPU, 2019) gives
 65 TFLOPS for mixed precision (FP16/FP32) and 8.1 TFLOPS for single precision (FP32); the T4
@@ -164,6 +164,14 @@ def plan_00(s) -> list[Run]:
     return [Run("a first model", g["steps"], lm_step(cfg, g["batch"], g["block"]))]
 
 
+def plan_03(s) -> list[Run]:
+    g = s["setting"]
+    # the extrapolation experiment: five position schemes plus the unscaled sinusoidal model, each a
+    # 2-layer d=64 decoder on batches of 32 periodic sequences of length L = 32; train's default fp32
+    cfg = ModelConfig(family="decoder", vocab_size=16, d_model=64, n_layers=2, n_heads=4, max_len=64)
+    return [Run("position schemes (6 runs)", 6 * g["steps"], lm_step(cfg, 32, 32), "fp32")]
+
+
 def plan_04(s) -> list[Run]:
     probe, sweep, mlm = s["probe_setting"], s["sweep_setting"], s["mlm_setting"]
     del probe  # gradient norms at initialisation: one backward pass per trial, no optimiser step
@@ -237,7 +245,7 @@ def plan_09(s) -> list[Run]:
 
 
 PLANS: dict[str, Callable[[dict[str, dict]], list[Run]]] = {
-    "00": plan_00, "04": plan_04, "05": plan_05, "06": plan_06, "08": plan_08, "09": plan_09}
+    "00": plan_00, "03": plan_03, "04": plan_04, "05": plan_05, "06": plan_06, "08": plan_08, "09": plan_09}
 
 
 class _Reads(dict):
