@@ -11,20 +11,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import torch
+from _machine import time_step
 
 from tutorial_lib.attention import MultiHeadAttention
-
-
-def time_step(step, repeats: int) -> list[float]:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    return times
 
 
 def main() -> None:

@@ -17,22 +17,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import statistics
-import time
 
 import torch
-from _machine import load
+from _machine import load, time_step
 
 from tutorial_lib.config import LLAMA_TINY
 from tutorial_lib.moe import MoEFeedForward
-
-
-def time_step(step, repeats: int) -> list[float]:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    return times
 
 
 def mixtral_block(ours: MoEFeedForward, d: int, f: int, E: int, k: int, implementation: str):

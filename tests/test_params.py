@@ -457,13 +457,18 @@ def test_flops_per_token_by_hand_for_gpt2_small():
         flops_per_token(C.T5_SMALL)
 
 
-@pytest.mark.parametrize("name", ["gpt", "llama-gqa"])
+@pytest.mark.parametrize("name", ["gpt", "llama-gqa", "moe"])
 def test_flops_per_token_equal_torch_flop_counter(name):
     """torch's FlopCounterMode counts 2*m*n*k for every matrix product; on the written-out
-    attention path (need_weights=True) that is every product in the model."""
+    attention path (need_weights=True) that is every product in the model. Dropless routing runs
+    each token through exactly k experts (plus the shared one), so for a mixture of experts the
+    FLOPs are those of the active parameters: the count is exact, not an average."""
     cfg = {"gpt": dataclasses.replace(C.GPT_TINY, vocab_size=50, d_model=32, max_len=16),
            "llama-gqa": dataclasses.replace(C.LLAMA_TINY, vocab_size=50, d_model=32, n_kv_heads=2, d_ff=48,
-                                            max_len=16)}[name]
+                                            max_len=16),
+           "moe": dataclasses.replace(C.LLAMA_TINY, vocab_size=50, d_model=16, n_layers=3, n_heads=2, n_kv_heads=1,
+                                      d_ff=24, max_len=32, n_experts=5, experts_per_token=2, n_shared_experts=1,
+                                      shared_expert_gate=True, dense_layers=(0,))}[name]
     model = DecoderOnlyLM(cfg)
     B, T = 2, 16
     ids = torch.randint(0, 50, (B, T))
