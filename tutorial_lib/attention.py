@@ -25,7 +25,6 @@ from torch import Tensor, nn
 
 from .checks import check_count, check_number
 from .masks import causal_mask, combine
-from .positions import RotaryEmbedding
 
 
 class AttentionOutput(NamedTuple):
@@ -64,9 +63,16 @@ def check_attention_inputs(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None 
         raise ValueError(f"k and v must have the same heads and length, got {_shape(k)} and {_shape(v)}")
     if h % h_k:
         raise ValueError(f"the number of query heads ({h}) must be a multiple of the key/value heads ({h_k})")
-    for name, m in (("mask", mask), ("bias", bias)):
-        if m is not None:
-            check_mask(name, m, (B, h, T, S), q.device, bias=name == "bias")
+    check_mask_and_bias(mask, bias, (B, h, T, S), q.device)
+
+
+def check_mask_and_bias(mask: Tensor | None, bias: Tensor | None, target: tuple[int, int, int, int],
+                        device: torch.device) -> None:
+    """Check a boolean mask and an additive bias (either may be None) against (B, h, T, S)."""
+    if mask is not None:
+        check_mask("mask", mask, target, device)
+    if bias is not None:
+        check_mask("bias", bias, target, device, bias=True)
 
 
 def check_mask(name: str, m, target: tuple[int, int, int, int], device: torch.device | None = None, *,
@@ -396,7 +402,7 @@ class MultiHeadAttention(nn.Module):
             b_q = None if self.qkv.bias is None else self.qkv.bias[: self.q_size]
             q = self._split_heads(F.linear(x, w_q, b_q), self.n_heads)
             k, v = cache.keys, cache.values
-        elif isinstance(rotary := self.rotary, RotaryEmbedding) and not cross:
+        elif (rotary := self.rotary) is not None and not cross:
             # RoPE on queries and keys in one go: they are adjacent heads of the projection,
             # and the rotation is per head and position (half the operations of rotating each)
             q_and_k, v = self._self_heads(x).split_with_sizes([self.n_heads + self.n_kv_heads, self.n_kv_heads], 1)
@@ -406,9 +412,6 @@ class MultiHeadAttention(nn.Module):
                 k, v = cache.append(k, v)  # (B, h_kv, S_total, d_k)
         else:
             q, k, v = self.project(x, context)  # (B, h, T, d_k), (B, h_kv, S, d_k) x 2
-            if self.rotary is not None and not cross:
-                offset = 0 if cache is None else len(cache)
-                q, k = self.rotary(q, k, offset)
             if cache is not None:
                 k, v = cache.append(k, v)  # (B, h_kv, S_total, d_k)
 
@@ -421,11 +424,7 @@ class MultiHeadAttention(nn.Module):
             # q, k and v were built here (their shapes fit by construction): only what the
             # caller handed in is checked, and a decoding step without a mask checks nothing
             if mask is not None or bias is not None:
-                target = (q.size(0), self.n_heads, q.size(-2), k.size(-2))
-                if mask is not None:
-                    check_mask("mask", mask, target, q.device)
-                if bias is not None:
-                    check_mask("bias", bias, target, q.device, bias=True)
+                check_mask_and_bias(mask, bias, (q.size(0), self.n_heads, q.size(-2), k.size(-2)), q.device)
             out = _fused(q, k, v, mask, bias, dropout_p, is_causal)
             weights = None
         B, _, T, _ = out.shape
