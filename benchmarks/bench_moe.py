@@ -48,7 +48,8 @@ def compare(ours: MoEFeedForward, theirs, x: torch.Tensor, repeats: int, rounds:
     ours.zero_grad(), theirs.zero_grad()
     out.square().sum().backward()
     expected.square().sum().backward()
-    assert torch.allclose(ours.router.weight.grad, theirs.gate.weight.grad, atol=1e-3, rtol=1e-3)
+    assert torch.allclose(ours.router.weight.grad, theirs.gate.weight.grad, atol=1e-3, rtol=1e-3), \
+        "router gradients differ from transformers"
 
     def step_ours():
         ours(x).x.square().sum().backward()

@@ -201,7 +201,7 @@ def test_tokenizer_json_pipelines_of_real_models_give_identical_ids(variant, tra
     assert ours.encode(text) == theirs.encode(text, add_special_tokens=False).ids, variant
 
 
-def test_saved_gpt2_files_load_into_tokenizers_and_back_with_identical_ids(trained_pair, tmp_path):
+def test_saved_gpt2_files_load_into_tokenizers_and_back_with_identical_ids(tmp_path):
     tokenizers = pytest.importorskip("tokenizers")
     from tokenizers import models, pre_tokenizers
 

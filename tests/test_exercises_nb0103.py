@@ -55,11 +55,14 @@ def test_attention_cases_hold_4d_inputs_with_both_broadcast_masks_and_one_where_
     assert any(q.size(1) == k.size(2) == q.size(3) for q, k, *_ in four_d), "a case with h == S == d_k"
 
 
-@pytest.mark.parametrize("answer", [attention_bmm, attention_transpose_1_2, attention_softmax_dim_2],
-                         ids=lambda f: f.__name__)
-def test_attention_answers_that_only_work_on_3d_inputs_are_rejected(answer):
+@pytest.mark.parametrize("answer, status, raised", [(attention_bmm, ERROR, "RuntimeError"),
+                                                    (attention_transpose_1_2, ERROR, "RuntimeError"),
+                                                    (attention_softmax_dim_2, WRONG, None)],
+                         ids=["bmm", "transpose(1, 2)", "softmax dim 2"])
+def test_attention_answers_that_only_work_on_3d_inputs_are_rejected(answer, status, raised):
     result = check("01.attention", answer)
-    assert result.status in (WRONG, ERROR), str(result)
+    assert result.status == status, str(result)
+    assert raised is None or raised in result.message, str(result)
     # each of them is right on the 3-D cases: only the 4-D cases catch it
     cases = EXERCISES["01.attention"].cases()
     ref = EXERCISES["01.attention"].reference
@@ -109,7 +112,7 @@ def mha_counted_from_the_layer(d_model, n_heads, bias):
                          ids=["split: transpose then reshape", "merge: cat over positions", "params: one head"])
 def test_unnamed_wrong_answers_of_the_other_01_checkers_are_rejected(name, answer):
     result = check(name, answer)
-    assert result.status in (WRONG, ERROR), str(result)
+    assert result.status == WRONG, str(result)
 
 
 def test_counting_a_built_layer_is_not_the_formula():
@@ -163,7 +166,10 @@ def teacher_forcing_bos_at_the_end(tokens, bos, eos):
         "softmax: boolean indexing", "teacher forcing: BOS as the last target"])
 def test_unnamed_wrong_answers_of_the_02_checkers_are_rejected(name, answer):
     result = check(name, answer)
-    assert result.status in (WRONG, ERROR), str(result)
+    if answer is softmax_by_boolean_indexing:  # a broadcast mask cannot index the scores: torch raises
+        assert result.status == ERROR and "IndexError" in result.message, str(result)
+    else:
+        assert result.status == WRONG, str(result)
 
 
 def test_the_decoder_mask_from_the_library_is_refused_but_a_variable_of_that_name_is_not():
@@ -213,7 +219,7 @@ def bias_from_the_default_slopes(slopes, T):
 ], ids=["table: p times 10000^(2i/d)", "rope: base ignored", "slopes reversed", "bias: slopes recomputed"])
 def test_unnamed_wrong_answers_of_the_03_checkers_are_rejected(name, answer):
     result = check(name, answer)
-    assert result.status in (WRONG, ERROR), str(result)
+    assert result.status == WRONG, str(result)
 
 
 def library_table(T, d):

@@ -7,7 +7,7 @@ import json
 import math
 
 import pytest
-import torch
+from test_params import hf_model
 
 from tutorial_lib import config as C
 from tutorial_lib.config import from_hf_config
@@ -119,17 +119,6 @@ PUBLISHED = {
     "deepseek-v2": (DEEPSEEK_V2, "DeepseekV2ForCausalLM", 235_741_434_880, 21_375_800_320),
     "deepseek-v3": (DEEPSEEK_V3, "DeepseekV3ForCausalLM", 671_026_404_352, 37_552_282_624),
 }
-
-
-def hf_model(hf: dict, class_name: str):
-    """transformers' own model for a config.json, built on the meta device (nothing allocated).
-    The fp8 quantization_config is left out: it says how the checkpoint stores the weights,
-    and building the model does not use it."""
-    transformers = pytest.importorskip("transformers")
-    kwargs = {key: value for key, value in hf.items() if key not in ("model_type", "quantization_config")}
-    config = transformers.AutoConfig.for_model(hf["model_type"], **kwargs)
-    with torch.device("meta"):
-        return getattr(transformers, class_name)(config)
 
 
 @pytest.mark.parametrize("name", PUBLISHED)

@@ -4,35 +4,21 @@ fused AdamW (the optimizer make_optimizer builds on a GPU) runs on the CPU too. 
 same history, the same weights and the same NonFiniteError as the step-by-step loop."""
 
 import contextlib
-from dataclasses import replace
 from unittest import mock
 
 import pytest
 import torch
 import torch.nn.functional as F
+from test_train import fixed_batches as batches
+from test_train import tiny_model
 from torch import nn
 
 from tutorial_lib import train as train_module
-from tutorial_lib.config import GPT_TINY
-from tutorial_lib.gpt import DecoderOnlyLM
 from tutorial_lib.train import NonFiniteError, param_groups, train, warmup_cosine_schedule
-
-CFG = replace(GPT_TINY, vocab_size=16, d_model=16, n_layers=2, n_heads=2, max_len=12)
-
-
-def tiny_model(seed=0):
-    torch.manual_seed(seed)
-    return DecoderOnlyLM(CFG)
 
 
 def fused_adamw(model, lr=1e-2):
     return torch.optim.AdamW(param_groups(model, 0.1), lr=lr, fused=True)
-
-
-def batches(n, batch=4, T=8, V=16, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    return [(torch.randint(0, V, (batch, T), generator=g), torch.randint(0, V, (batch, T), generator=g))
-            for _ in range(n)]
 
 
 @contextlib.contextmanager

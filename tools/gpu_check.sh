@@ -38,7 +38,7 @@ if [ "${RUN_TESTS:-1}" = 1 ]; then
         tests/test_train_gpu_loop.py tests/test_t4_budget.py 2>&1 | tee "$OUT/cuda_tests.log" || status=1
 fi
 
-"$PYTHON" tools/t4_estimates.py > "$OUT/t4_estimates.txt"
+"$PYTHON" tools/t4_estimates.py > "$OUT/t4_estimates.txt" || status=1
 : > "$OUT/notebooks.log"
 for n in $NOTEBOOKS; do
     src=$(ls notebooks/${n}_*.ipynb 2>/dev/null | head -1)

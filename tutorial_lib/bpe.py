@@ -114,7 +114,8 @@ def byte_order() -> list[int]:
     """The 256 byte values in GPT-2's order: the printable ones first, then the rest. GPT-2's
     ids 0-255, cl100k_base's ranks 0-255 and the byte ids of :func:`train_bpe` follow it."""
     printable = _printable_bytes()
-    return printable + [b for b in range(256) if b not in set(printable)]
+    seen = set(printable)
+    return printable + [b for b in range(256) if b not in seen]
 
 
 def symbols_to_bytes(token: str) -> bytes:
@@ -428,6 +429,11 @@ def load_tiktoken_ranks(path: str | Path) -> dict[bytes, int]:
     data = path.read_bytes()
     if path.suffix == ".gz":
         data = gzip.decompress(data)
+    return parse_tiktoken_ranks(data, path.name)
+
+
+def parse_tiktoken_ranks(data: bytes, name: str) -> dict[bytes, int]:
+    """token bytes -> rank from the text of a rank file (``name`` is for the messages)."""
     ranks = {}
     for number, line in enumerate(data.splitlines(), start=1):
         if not line.strip():
@@ -436,7 +442,7 @@ def load_tiktoken_ranks(path: str | Path) -> dict[bytes, int]:
             token, rank = line.split()
             ranks[base64.b64decode(token, validate=True)] = int(rank)
         except ValueError:
-            raise ValueError(f"{path.name} line {number}: expected 'base64-token rank', got {line[:60]!r}") from None
+            raise ValueError(f"{name} line {number}: expected 'base64-token rank', got {line[:60]!r}") from None
     return ranks
 
 
@@ -556,9 +562,10 @@ def openai_encoding(name: str = "cl100k_base") -> BPETokenizer:
     the published SHA-256 of OpenAI's file; no network."""
     path = openai_rank_file(name)
     pattern, specials, sha256 = OPENAI_ENCODINGS[name]
-    if hashlib.sha256(gzip.decompress(path.read_bytes())).hexdigest() != sha256:
+    data = gzip.decompress(path.read_bytes())  # read once: hashed, then parsed
+    if hashlib.sha256(data).hexdigest() != sha256:
         raise ValueError(f"{path.name} is not OpenAI's published {name} rank file (its SHA-256 differs)")
-    return BPETokenizer.from_tiktoken(path, pattern=pattern, special_tokens=specials, name=name)
+    return BPETokenizer(parse_tiktoken_ranks(data, path.name), patterns=pattern, special_tokens=specials, name=name)
 
 
 # Where tiktoken downloads OpenAI's rank files from (tiktoken_ext/openai_public.py); its cache

@@ -267,7 +267,7 @@ def run_case(case: Case, rank: int, world_size: int, device: torch.device) -> di
                                    "seconds": schedule_seconds, "in_flight": in_flight(log),
                                    "events": [(kind, mb, a - start, b - start) for kind, mb, a, b in log]})
     kwargs = dict(vocab_parallel=case.vocab_parallel)
-    result = {"rank": rank, "loss": _global_losses(case.scheme, losses, rank, world_size, device), "seconds": seconds,
+    result = {"rank": rank, "loss": _global_losses(case.scheme, losses, world_size, device), "seconds": seconds,
               "parameters": rank_parameters(cfg, case.scheme, world_size, rank, **kwargs),
               "memory": held_bytes(module, optimizer),
               "expected_memory": expected_memory(cfg, case.scheme, world_size, rank, **kwargs),
@@ -283,8 +283,7 @@ def run_case(case: Case, rank: int, world_size: int, device: torch.device) -> di
     return result
 
 
-def _global_losses(scheme: str, losses: list[float], rank: int, world_size: int,
-                   device: torch.device) -> list[float]:
+def _global_losses(scheme: str, losses: list[float], world_size: int, device: torch.device) -> list[float]:
     """The global batch's loss at every step: the mean of the data-parallel ranks' losses (equal
     token counts), tensor parallelism's (the same on every rank), or the pipeline's last stage's
     mean over its micro-batches."""

@@ -91,10 +91,7 @@ def _top_p_keeps_the_tail(logits, p):
 
 
 def _top_p_on_probabilities(logits, p):
-    sorted_logits = logits.sort(dim=-1, descending=True).values
-    probs = sorted_logits.softmax(dim=-1)
-    n_keep = (probs.cumsum(dim=-1) - probs < p).sum(dim=-1, keepdim=True)
-    kept = logits >= sorted_logits.gather(-1, n_keep - 1)
+    kept = torch.isfinite(top_p_filter(logits, p))
     return logits.softmax(dim=-1) * kept  # probabilities, not logits
 
 
