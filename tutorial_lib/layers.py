@@ -43,14 +43,20 @@ class RMSNorm(nn.Module):
         if x.size(-1) != weight.size(0):
             raise ValueError(f"RMSNorm({weight.size(0)}) normalises vectors of width {weight.size(0)}; "
                              f"x has shape {tuple(x.shape)}")
-        # x32 * rsqrt(mean(x32^2) + eps) in float32 (also under bf16 autocast), through torch's
-        # rms_norm: the same numbers as those operations written out, in one call instead of five
-        if x.dtype == torch.float32 and weight.dtype == torch.float32:
-            # the same numbers with the scale applied inside the one call (checked bit for
-            # bit in tests/test_layers.py): two fewer operations on the decoding hot path
-            return F.rms_norm(x, weight.shape, weight, self.eps)
-        normed = F.rms_norm(x.float(), weight.shape, eps=self.eps)
-        return weight * normed.to(x.dtype)
+        return rms_norm(x, weight, self.eps)
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """What :class:`RMSNorm` computes, without its check (also called by
+    :class:`tutorial_lib.fast_decode.FastDecoder`): x32 * rsqrt(mean(x32^2) + eps) in float32
+    (also under bf16 autocast), through torch's rms_norm, the same numbers as those operations
+    written out, in one call instead of five; then the scale, in x's dtype."""
+    if x.dtype == torch.float32 and weight.dtype == torch.float32:
+        # the same numbers with the scale applied inside the one call (checked bit for
+        # bit in tests/test_layers.py): two fewer operations on the decoding hot path
+        return F.rms_norm(x, weight.shape, weight, eps)
+    normed = F.rms_norm(x.float(), weight.shape, eps=eps)
+    return weight * normed.to(x.dtype)
 
 
 def make_norm(cfg: ModelConfig) -> nn.Module:

@@ -11,6 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from .checks import IdRange, check_count, check_id_tensor, check_id_values
+from .fast_decode import fast_decoder
 
 
 def top_k_filter(logits: Tensor, k: int) -> Tensor:
@@ -150,7 +151,11 @@ def _extend(model: nn.Module, ids: Tensor, max_new_tokens: int, sampler: Sampler
 
     The prompt was checked by generate and every appended token is an id the sampler picked
     from V logits, so the model is told to skip its checks of the ids (``check_ids=False``).
-    The output is allocated once and filled in place: no copy of the ids per step.
+    The output is allocated once and filled in place: no copy of the ids per step. With the
+    cache, the prompt goes through the modules and every one-token step through a
+    :class:`~tutorial_lib.fast_decode.FastDecoder` (the same logits, bit for bit, without
+    the cost of ~50 module calls per token), unless the model has hooks or parts it does
+    not know (:func:`~tutorial_lib.fast_decode.fast_decoder` returns None).
     """
     max_len = model.cfg.max_len
     B, T = ids.shape
@@ -159,16 +164,18 @@ def _extend(model: nn.Module, ids: Tensor, max_new_tokens: int, sampler: Sampler
     out[:, :T] = ids
     step_logits = []
     cache = None
+    fast_step = fast_decoder(model) if use_cache and max_new_tokens > 1 else None
     for end in range(T, T + max_new_tokens):  # out[:, :end] is filled
         if not use_cache:
             logits = model(out[:, max(0, end - max_len):end], check_ids=False).logits[:, -1]  # (B, V)
-        else:
-            if cache is None or len(cache) + 1 > max_len:
-                cache = model.new_cache()
-                context = out[:, max(0, end - max_len):end]  # prefill (again, once the window is full)
-            else:
-                context = out[:, end - 1:end]  # only the newest token
+        elif cache is None or len(cache) + 1 > max_len:
+            cache = model.new_cache()
+            context = out[:, max(0, end - max_len):end]  # prefill (again, once the window is full)
             logits = model(context, cache=cache, check_ids=False).logits[:, -1]
+        elif fast_step is not None:
+            logits = fast_step(out[:, end - 1:end], cache)  # only the newest token
+        else:
+            logits = model(out[:, end - 1:end], cache=cache, check_ids=False).logits[:, -1]
         step_logits.append(logits)
         out[:, end] = sampler(logits, generator)  # (B,)
     return out, step_logits

@@ -1,0 +1,141 @@
+"""FastDecoder: the cached decoding step without module calls gives the logits of the modules,
+bit for bit, for every kind of decoder-only block this package builds; a model with hooks or
+parts it does not know gets no fast decoder, and generate then runs the modules."""
+
+import dataclasses
+
+import pytest
+import torch
+from torch import nn
+
+from tutorial_lib.attention import MultiHeadAttention
+from tutorial_lib.config import GPT_TINY, LLAMA_TINY
+from tutorial_lib.fast_decode import FastDecoder, fast_decoder
+from tutorial_lib.gpt import DecoderOnlyLM
+from tutorial_lib.sampling import Sampler, generate
+
+SMALL = {"vocab_size": 50, "d_model": 32, "n_layers": 2, "n_heads": 4, "max_len": 40}
+GPT = dataclasses.replace(GPT_TINY, **SMALL)
+LLAMA = dataclasses.replace(LLAMA_TINY, **SMALL, d_ff=48)
+
+CONFIGS = {
+    "gpt": GPT,
+    "llama (GQA, RoPE, RMSNorm, SwiGLU)": LLAMA,
+    "llama, one kv head": dataclasses.replace(LLAMA, n_kv_heads=1),
+    "post-LN, sinusoidal, scaled embeddings": dataclasses.replace(
+        GPT, norm_order="post", positions="sinusoidal", scale_embeddings=True, tie_embeddings=False),
+    "ALiBi, no biases, GeGLU": dataclasses.replace(GPT, positions="alibi", bias=False, ffn="geglu"),
+    "T5 relative bias, ReLU": dataclasses.replace(GPT, positions="relative", ffn="relu"),
+    "mixture of experts, one dense layer": dataclasses.replace(LLAMA, n_experts=4, experts_per_token=2,
+                                                               dense_layers=(0,)),
+}
+
+
+def model_of(cfg, seed: int = 0) -> DecoderOnlyLM:
+    torch.manual_seed(seed)
+    model = DecoderOnlyLM(cfg).eval()
+    with torch.no_grad():  # non-trivial norm scales and biases, so that a wrong one shows
+        for name, p in model.named_parameters():
+            if "norm" in name or name.endswith("bias"):
+                p.add_(0.1 * torch.randn_like(p))
+    return model
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_fast_steps_give_the_modules_logits_bit_for_bit(name):
+    model = model_of(CONFIGS[name])
+    decoder = fast_decoder(model)
+    assert isinstance(decoder, FastDecoder)
+    prompt = torch.randint(0, model.cfg.vocab_size, (3, 5), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        slow_cache, fast_cache = model.new_cache(), model.new_cache()
+        model(prompt, cache=slow_cache)
+        model(prompt, cache=fast_cache)
+        token = prompt[:, -1:]
+        for _ in range(12):
+            slow = model(token, cache=slow_cache).logits[:, -1]  # (B, V)
+            fast = decoder(token, fast_cache)
+            assert torch.equal(fast, slow), f"{name}: logits differ by {(fast - slow).abs().max():.2e}"
+            token = torch.multinomial(slow.softmax(-1), 1)  # a varied next token: (B, 1)
+        for slow_layer, fast_layer in zip(slow_cache.layers, fast_cache.layers):
+            assert len(fast_layer) == len(slow_layer) == 17
+            assert torch.equal(fast_layer.keys, slow_layer.keys) and torch.equal(fast_layer.values, slow_layer.values)
+
+
+def test_bf16_weights_take_the_same_path_as_the_modules():
+    model = model_of(LLAMA).to(torch.bfloat16)  # RMSNorm's non-float32 branch
+    prompt = torch.randint(0, 50, (2, 4), generator=torch.Generator().manual_seed(2))
+    fast = generate(model, prompt, 10, return_logits=True)
+    model.register_forward_hook(lambda *args: None)  # forces the module path
+    assert fast_decoder(model) is None
+    slow = generate(model, prompt, 10, return_logits=True)
+    assert torch.equal(fast[0], slow[0]) and torch.equal(fast[1], slow[1])
+
+
+def test_generate_matches_recomputing_across_a_window_refill():
+    model = model_of(LLAMA)
+    prompt = torch.randint(0, 50, (2, 30), generator=torch.Generator().manual_seed(3))
+    sampler = Sampler(temperature=0.9, top_k=20)
+    cached = generate(model, prompt, 25, sampler=sampler, generator=torch.Generator().manual_seed(4),
+                      return_logits=True)  # 55 positions > max_len 40: the cache is refilled
+    recomputed = generate(model, prompt, 25, sampler=sampler, generator=torch.Generator().manual_seed(4),
+                          use_cache=False, return_logits=True)
+    assert torch.equal(cached[0], recomputed[0])
+    torch.testing.assert_close(cached[1], recomputed[1], atol=1e-5, rtol=1e-5)
+
+
+def test_a_hook_anywhere_sends_generate_through_the_modules():
+    model = model_of(GPT)
+    calls = []
+    handle = model.blocks[1].ffn.register_forward_hook(lambda module, args, out: calls.append(args[0].shape))
+    assert fast_decoder(model) is None
+    generate(model, torch.zeros(1, 3, dtype=torch.long), 6)
+    assert calls == [(1, 3, 32)] + [(1, 1, 32)] * 5, "the hook must see the prompt and every one-token step"
+    handle.remove()
+    assert fast_decoder(model) is not None
+    pre = model.embed.register_forward_pre_hook(lambda module, args: None)
+    assert fast_decoder(model) is None
+    pre.remove()
+
+
+def test_global_hooks_parametrizations_and_foreign_parts_get_no_fast_decoder():
+    model = model_of(GPT)
+    handle = nn.modules.module.register_module_forward_hook(lambda module, args, out: None)
+    try:
+        assert fast_decoder(model) is None
+    finally:
+        handle.remove()
+    assert fast_decoder(model) is not None
+
+    class LearnersAttention(MultiHeadAttention):  # a subclass may compute something else
+        pass
+
+    swapped = model_of(GPT)
+    old = swapped.blocks[0].attn
+    swapped.blocks[0].attn = LearnersAttention(old.d_model, old.n_heads)
+    assert fast_decoder(swapped) is None
+
+    patched = model_of(GPT)
+    patched.final_norm.forward = lambda x: x  # a replaced forward on one instance
+    assert fast_decoder(patched) is None
+
+    parametrized = model_of(GPT)
+    nn.utils.parametrizations.weight_norm(parametrized.blocks[0].attn.out)
+    assert fast_decoder(parametrized) is None
+
+    class Subclass(DecoderOnlyLM):
+        pass
+
+    assert fast_decoder(Subclass(GPT)) is None
+
+
+def test_return_logits_and_sampling_are_unchanged_by_the_fast_path():
+    model = model_of(GPT)
+    prompt = torch.randint(0, 50, (4, 6), generator=torch.Generator().manual_seed(5))
+    sampler = Sampler(temperature=0.8, top_p=0.9)
+    fast = generate(model, prompt, 15, sampler=sampler, generator=torch.Generator().manual_seed(6),
+                    return_logits=True)
+    model.blocks[0].register_forward_pre_hook(lambda module, args: None)
+    slow = generate(model, prompt, 15, sampler=sampler, generator=torch.Generator().manual_seed(6),
+                    return_logits=True)
+    assert torch.equal(fast[0], slow[0]) and torch.equal(fast[1], slow[1])
