@@ -139,3 +139,16 @@ def test_return_logits_and_sampling_are_unchanged_by_the_fast_path():
     slow = generate(model, prompt, 15, sampler=sampler, generator=torch.Generator().manual_seed(6),
                     return_logits=True)
     assert torch.equal(fast[0], slow[0]) and torch.equal(fast[1], slow[1])
+
+
+@pytest.mark.parametrize("name", ["gpt", "llama (GQA, RoPE, RMSNorm, SwiGLU)", "mixture of experts, one dense layer"])
+def test_under_bf16_autocast_the_fast_steps_match_the_modules(name):
+    model = model_of(CONFIGS[name])
+    prompt = torch.randint(0, 50, (2, 5), generator=torch.Generator().manual_seed(7))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        fast = generate(model, prompt, 12, return_logits=True)
+        handle = model.register_forward_hook(lambda *args: None)
+        slow = generate(model, prompt, 12, return_logits=True)
+        handle.remove()
+    assert fast[1].dtype == torch.bfloat16, "autocast must reach the fast path's matrix products"
+    assert torch.equal(fast[0], slow[0]) and torch.equal(fast[1], slow[1])
