@@ -59,6 +59,16 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     return weight * normed.to(x.dtype)
 
 
+def rms_norm_steps(x: Tensor, weight: Tensor, width: Tensor, eps: Tensor) -> Tensor:
+    """float32 :func:`rms_norm` written out as the operations torch's own runs on a CPU, in its
+    order: x * rsqrt(sum(x^2) / width + eps) * weight, the same bits (tests/test_layers.py).
+    ``width`` (d) and ``eps`` are 0-dim float32 tensors made once by the caller: a Python number
+    in an operation costs a conversion to a tensor at every call, and at one position per step
+    that conversion costs more than the arithmetic. For the decoding step of
+    :class:`tutorial_lib.fast_decode.FastDecoder`, where this takes about 7 µs against 9 µs."""
+    return x * x.pow(2).sum(-1, keepdim=True).div_(width).add_(eps).rsqrt_() * weight
+
+
 def make_norm(cfg: ModelConfig) -> nn.Module:
     """The norm the config asks for, over d_model features."""
     if cfg.norm == "rmsnorm":
