@@ -126,7 +126,8 @@ def test_global_hooks_parametrizations_and_foreign_parts_get_no_fast_decoder():
     class Subclass(DecoderOnlyLM):
         pass
 
-    assert fast_decoder(Subclass(GPT)) is None
+    assert fast_decoder(Subclass(GPT).eval()) is None
+    assert fast_decoder(model_of(GPT).train()) is None, "training mode: dropout is the modules' business"
 
 
 def test_return_logits_and_sampling_are_unchanged_by_the_fast_path():

@@ -8,12 +8,14 @@ same order, with those costs taken out: the weights are looked up once, the keys
 are written straight into the cache's buffers, and nothing is checked per step (generate
 checked the prompt, and every later token is an id the sampler picked).
 
-The logits are bit-identical to ``model(token, cache=cache).logits[:, -1]``
-(tests/test_fast_decode.py compares them for every kind of block this package builds). A
-model the module path would treat differently gets no fast decoder (:func:`fast_decoder`
-returns None and :func:`tutorial_lib.sampling.generate` calls the modules): one with a
-forward hook or a pre-hook (probes, the NaN finder, a learner's print), a parametrized
-weight, a replaced ``forward``, or a part of a type this package did not build there.
+On a CPU the logits are bit-identical to ``model(token, cache=cache).logits[:, -1]``
+(tests/test_fast_decode.py compares them for every kind of block this package builds, also
+under bf16 autocast; on a GPU tests/test_cuda.py asks for float32 rounding). A model the
+module path would treat differently gets no fast decoder (:func:`fast_decoder` returns None
+and :func:`tutorial_lib.sampling.generate` calls the modules): one in training mode (dropout),
+one with a forward hook or a pre-hook (probes, the NaN finder, a learner's print), a
+parametrized weight, a replaced ``forward``, or a part of a type this package did not build
+there.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ def _hooked_globally() -> bool:
 def fast_decoder(model: nn.Module) -> FastDecoder | None:
     """A :class:`FastDecoder` for ``model``, or None when its steps must go through the modules
     (see the module's docstring for when)."""
-    if type(model) is not DecoderOnlyLM or _hooked_globally():
+    if type(model) is not DecoderOnlyLM or model.training or _hooked_globally():
         return None
     for part in model.modules():
         if (type(part) not in _KNOWN_PARTS or part._forward_hooks or part._forward_pre_hooks

@@ -153,9 +153,9 @@ def _extend(model: nn.Module, ids: Tensor, max_new_tokens: int, sampler: Sampler
     from V logits, so the model is told to skip its checks of the ids (``check_ids=False``).
     The output is allocated once and filled in place: no copy of the ids per step. With the
     cache, the prompt goes through the modules and every one-token step through a
-    :class:`~tutorial_lib.fast_decode.FastDecoder` (the same logits, bit for bit, without
-    the cost of ~50 module calls per token), unless the model has hooks or parts it does
-    not know (:func:`~tutorial_lib.fast_decode.fast_decoder` returns None).
+    :class:`~tutorial_lib.fast_decode.FastDecoder` (the same logits, bit for bit on a CPU,
+    without the cost of ~50 module calls per token), unless the model has hooks or parts it
+    does not know (:func:`~tutorial_lib.fast_decode.fast_decoder` returns None).
     """
     max_len = model.cfg.max_len
     B, T = ids.shape
