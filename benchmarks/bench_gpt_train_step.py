@@ -2,7 +2,11 @@
 against Hugging Face's ``GPT2LMHeadModel`` at the identical configuration: B=12, T=64,
 4 layers, 4 heads, d=128, the vocabulary of the built-in corpus. Target (issue 18): ours / HF >= 1.30.
 
-    python benchmarks/bench_gpt_train_step.py [--steps 100] [--threads N]
+    python benchmarks/bench_gpt_train_step.py [--steps 100] [--threads N] [--profile]
+
+``--profile`` also runs 30 more steps of each model under ``torch.profiler`` and prints, side by
+side, the operations that take the most time (milliseconds per step, the profiler's own overhead
+included), so that one can see where the two steps differ.
 
 Both models start from the same weights (ours is converted from the HF model and checked to
 give the same logits), see the same batch, and use the same optimiser settings. Their steps
@@ -44,6 +48,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=100, help="timed steps of each model")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--profile", action="store_true", help="print where each step's time goes")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -85,7 +90,28 @@ def main() -> None:
     print(f"  tutorial_lib DecoderOnlyLM (GPT) : {a * 1e3:7.2f} ms/step  {B * T / a:9.0f} tokens/s")
     print(f"  transformers GPT2LMHeadModel     : {b * 1e3:7.2f} ms/step  {B * T / b:9.0f} tokens/s")
     print(f"  throughput ratio (ours / HF)     : {b / a:7.3f}   target >= 1.30")
+    if args.profile:
+        print_profiles({"tutorial_lib": step_ours, "transformers": step_hf})
     print(load())
+
+
+def print_profiles(steps: dict, n: int = 30, rows: int = 12) -> None:
+    """The operations with the most self time per step under torch.profiler, for each stepper."""
+    from torch.profiler import ProfilerActivity, profile
+
+    per_step = {}
+    for name, step in steps.items():
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for _ in range(n):
+                step()
+        per_step[name] = {e.key: e.self_cpu_time_total / n / 1e3 for e in prof.key_averages()}  # ms per step
+    top = sorted(set().union(*per_step.values()), key=lambda k: -max(p.get(k, 0.0) for p in per_step.values()))
+    names = list(per_step)
+    print(f"  profiler, self time in ms per step ({n} steps each):")
+    print(f"    {'operation':<60}" + "".join(f"{name:>14}" for name in names))
+    for key in top[:rows]:
+        print(f"    {key[:60]:<60}" + "".join(f"{per_step[name].get(key, 0.0):14.2f}" for name in names))
+    print(f"    {'total':<60}" + "".join(f"{sum(per_step[name].values()):14.2f}" for name in names))
 
 
 if __name__ == "__main__":

@@ -22,8 +22,9 @@ overhead (Python, PyTorch's dispatch), not arithmetic. generate runs each one-to
 through ``tutorial_lib.fast_decode.FastDecoder``, which spares the ~50 module calls of the
 forward pass. LLaMA's step has more small operations than GPT's (RoPE, a third FFN matrix),
 and its RMSNorm costs more than GPT's LayerNorm: on a CPU torch's ``rms_norm`` is a composite
-of about eight small operations, LayerNorm one kernel. At batch 8 the recomputation's
-arithmetic grows eightfold while a cached step barely changes.
+of about eight small operations, LayerNorm one kernel (FastDecoder runs those operations written
+out, ``tutorial_lib.layers.rms_norm_steps``; benchmarks/bench_norms.py times the three). At
+batch 8 the recomputation's arithmetic grows eightfold while a cached step barely changes.
 """
 
 from __future__ import annotations

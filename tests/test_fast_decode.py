@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from tutorial_lib.attention import MultiHeadAttention
+from tutorial_lib.attention import LayerKVCache, MultiHeadAttention
 from tutorial_lib.config import GPT_TINY, LLAMA_TINY
 from tutorial_lib.fast_decode import FastDecoder, fast_decoder
 from tutorial_lib.gpt import DecoderOnlyLM
@@ -98,13 +98,39 @@ def test_a_hook_anywhere_sends_generate_through_the_modules():
     pre.remove()
 
 
-def test_global_hooks_parametrizations_and_foreign_parts_get_no_fast_decoder():
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # Module.compile imports torch's compiler
+def test_global_hooks_parametrizations_and_foreign_parts_get_no_fast_decoder(monkeypatch):
     model = model_of(GPT)
-    handle = nn.modules.module.register_module_forward_hook(lambda module, args, out: None)
-    try:
+    for register in (nn.modules.module.register_module_forward_hook,
+                     nn.modules.module.register_module_forward_pre_hook):
+        handle = register(lambda module, *args: None)
+        try:
+            assert fast_decoder(model) is None, register.__name__
+        finally:
+            handle.remove()
+    assert fast_decoder(model) is not None
+
+    for place, part in (("final_norm", nn.Linear(32, 32)), ("blocks.0.ffn", nn.Identity()),
+                        ("blocks.1.attn_sublayer.norm", nn.Linear(32, 32)), ("embed.positions", nn.Identity())):
+        ablated = model_of(GPT)
+        parent, _, name = place.rpartition(".")
+        setattr(ablated.get_submodule(parent) if parent else ablated, name, part)
+        assert fast_decoder(ablated.eval()) is None, place
+        prompt = torch.zeros(1, 3, dtype=torch.long)
+        if place != "embed.positions":  # (an Identity cannot be called with positions: the modules fail too)
+            generate(ablated, prompt, 4)  # runs through the modules
+
+    dropout_on = model_of(GPT)
+    dropout_on.blocks[0].ffn.dropout.train()  # e.g. Monte Carlo dropout
+    assert fast_decoder(dropout_on) is None
+
+    compiled = model_of(GPT)
+    compiled.blocks[0].compile()  # in place: the module path would run the compiled forward
+    assert fast_decoder(compiled) is None
+
+    with monkeypatch.context() as patch:
+        patch.setattr(nn.LayerNorm, "forward", lambda self, x: x)  # a forward patched on the class
         assert fast_decoder(model) is None
-    finally:
-        handle.remove()
     assert fast_decoder(model) is not None
 
     class LearnersAttention(MultiHeadAttention):  # a subclass may compute something else
@@ -153,3 +179,40 @@ def test_under_bf16_autocast_the_fast_steps_match_the_modules(name):
         handle.remove()
     assert fast[1].dtype == torch.bfloat16, "autocast must reach the fast path's matrix products"
     assert torch.equal(fast[0], slow[0]) and torch.equal(fast[1], slow[1])
+
+
+def test_a_post_ln_feed_forward_in_a_pre_ln_block_is_followed(monkeypatch):
+    model = model_of(LLAMA)
+    model.blocks[1].ffn_sublayer.order = "post"  # each sublayer's order is its own
+    prompt = torch.randint(0, 50, (2, 4), generator=torch.Generator().manual_seed(8))
+    fast = generate(model, prompt, 8, return_logits=True)
+    handle = model.register_forward_hook(lambda *args: None)
+    slow = generate(model, prompt, 8, return_logits=True)
+    handle.remove()
+    assert torch.equal(fast[1], slow[1])
+
+
+def test_generate_takes_every_one_token_step_through_the_fast_decoder(monkeypatch):
+    calls = []
+    step = FastDecoder.__call__
+    monkeypatch.setattr(FastDecoder, "__call__", lambda self, token, cache: calls.append(1) or step(self, token, cache))
+    model = model_of(LLAMA)
+    generate(model, torch.zeros(2, 3, dtype=torch.long), 9)
+    assert len(calls) == 8, "the prompt goes through the modules, each later step through FastDecoder"
+    calls.clear()
+    generate(model, torch.zeros(1, 35, dtype=torch.long), 9)  # max_len 40
+    # the tokens at positions 35-39 go through FastDecoder; from then on the window is full and
+    # every step refills the cache from the last 40 tokens through the modules
+    assert len(calls) == 5
+
+
+@pytest.mark.parametrize("capacity", [None, 3, 64])
+def test_append_one_makes_the_cache_that_append_makes(capacity):
+    # empty (first buffers), full (room doubles) and roomy caches
+    plain, fast = LayerKVCache(capacity), LayerKVCache(capacity)
+    for step in range(7):
+        k, v = torch.randn(2, 3, 1, 4), torch.randn(2, 3, 1, 4)
+        keys, values = plain.append(k, v)
+        fast_keys, fast_values = fast.append_one(k, v)
+        assert torch.equal(fast_keys, keys) and torch.equal(fast_values, values)
+        assert len(fast) == len(plain) == step + 1

@@ -193,14 +193,15 @@ def fused_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
     check_attention_inputs(q, k, v, mask, bias)
     if dropout_p != 0.0:  # the usual value costs one comparison
         check_number("dropout_p", dropout_p, low=0.0, high=1.0, high_open=True)
-    return _fused(q, k, v, mask, bias, dropout_p, is_causal)
+    return fused_attention_unchecked(q, k, v, mask, bias, dropout_p, is_causal)
 
 
-def _fused(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None, dropout_p: float,
-           is_causal: bool) -> Tensor:
+def fused_attention_unchecked(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None,
+                              dropout_p: float, is_causal: bool) -> Tensor:
     """:func:`fused_attention` without its checks, for callers whose inputs are already known
-    to fit (:class:`MultiHeadAttention` builds q, k and v itself and checks a mask or bias
-    it is given): a cached decoding step of a small model is mostly such fixed costs."""
+    to fit (:class:`MultiHeadAttention` and :class:`tutorial_lib.fast_decode.FastDecoder` build
+    q, k and v themselves; the first checks a mask or bias it is given): a cached decoding step
+    of a small model is mostly such fixed costs."""
     T, S = q.size(-2), k.size(-2)
     if is_causal and T == 1:
         is_causal = False  # one query, the newest position: it may see every key (cached decoding)
@@ -281,12 +282,12 @@ class LayerKVCache:
         return self._keys[:, :, :end], self._values[:, :, :end]  # (B, h_kv, S + T, d_k)
 
     def append_one(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """:meth:`append` for one new position (B, h_kv, 1, d_k) of a cache that already holds
-        some, without its checks: for :class:`tutorial_lib.fast_decode.FastDecoder`, whose keys
-        and values come from the layer that filled this cache. The same writes and views."""
+        """:meth:`append` for one new position (B, h_kv, 1, d_k), without the checks of its
+        shapes: for :class:`tutorial_lib.fast_decode.FastDecoder`, whose keys and values come
+        from the layer that filled this cache. The same writes and views."""
         start = self._length
-        if start + 1 > self._keys.size(-2):
-            return self.append(k, v)  # full: append moves to larger buffers
+        if self._keys is None or start + 1 > self._keys.size(-2):
+            return self.append(k, v)  # empty (first buffers) or full (larger ones): append decides
         self._keys.narrow(2, start, 1).copy_(k)
         self._values.narrow(2, start, 1).copy_(v)
         self._length = end = start + 1
@@ -437,7 +438,7 @@ class MultiHeadAttention(nn.Module):
             # caller handed in is checked, and a decoding step without a mask checks nothing
             if mask is not None or bias is not None:
                 check_mask_and_bias(mask, bias, (q.size(0), self.n_heads, q.size(-2), k.size(-2)), q.device)
-            out = _fused(q, k, v, mask, bias, dropout_p, is_causal)
+            out = fused_attention_unchecked(q, k, v, mask, bias, dropout_p, is_causal)
             weights = None
         B, _, T, _ = out.shape
         if T == 1:  # one query (a decoding step): (B, h, 1, d_k) holds the heads in merged order

@@ -49,8 +49,8 @@ class RMSNorm(nn.Module):
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """What :class:`RMSNorm` computes, without its check (also called by
     :class:`tutorial_lib.fast_decode.FastDecoder`): x32 * rsqrt(mean(x32^2) + eps) in float32
-    (also under bf16 autocast), through torch's rms_norm, the same numbers as those operations
-    written out, in one call instead of five; then the scale, in x's dtype."""
+    (also under bf16 autocast), through torch's rms_norm, which gives the same numbers as those
+    operations written out; then the scale, in x's dtype."""
     if x.dtype == torch.float32 and weight.dtype == torch.float32:
         # the same numbers with the scale applied inside the one call (checked bit for
         # bit in tests/test_layers.py): two fewer operations on the decoding hot path
