@@ -41,11 +41,34 @@ def model_of(cfg, seed: int = 0) -> DecoderOnlyLM:
     return model
 
 
+def both_paths(model, prompt, n, sampler=None, seed=None):
+    """generate's (ids, logits) through FastDecoder, then through the modules (a hook that does
+    nothing forces them); a sampling generator is made afresh from ``seed`` for each."""
+    def run():
+        extra = {} if sampler is None else {"sampler": sampler, "generator": torch.Generator().manual_seed(seed)}
+        return generate(model, prompt, n, return_logits=True, **extra)
+
+    assert fast_decoder(model) is not None, "this model should get a fast decoder"
+    fast = run()
+    handle = model.register_forward_hook(lambda *args: None)
+    try:
+        assert fast_decoder(model) is None, "a hooked model must keep the module path"
+        slow = run()
+    finally:
+        handle.remove()
+    return fast, slow
+
+
+def assert_same(fast, slow, what):
+    assert torch.equal(fast[0], slow[0]), f"{what}: FastDecoder and the modules chose different tokens"
+    assert torch.equal(fast[1], slow[1]), f"{what}: logits differ by {(fast[1] - slow[1]).abs().max():.2e}"
+
+
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_fast_steps_give_the_modules_logits_bit_for_bit(name):
     model = model_of(CONFIGS[name])
     decoder = fast_decoder(model)
-    assert isinstance(decoder, FastDecoder)
+    assert isinstance(decoder, FastDecoder), f"{name} should get a fast decoder"
     prompt = torch.randint(0, model.cfg.vocab_size, (3, 5), generator=torch.Generator().manual_seed(1))
     with torch.inference_mode():
         slow_cache, fast_cache = model.new_cache(), model.new_cache()
@@ -58,18 +81,15 @@ def test_fast_steps_give_the_modules_logits_bit_for_bit(name):
             assert torch.equal(fast, slow), f"{name}: logits differ by {(fast - slow).abs().max():.2e}"
             token = torch.multinomial(slow.softmax(-1), 1)  # a varied next token: (B, 1)
         for slow_layer, fast_layer in zip(slow_cache.layers, fast_cache.layers):
-            assert len(fast_layer) == len(slow_layer) == 17
-            assert torch.equal(fast_layer.keys, slow_layer.keys) and torch.equal(fast_layer.values, slow_layer.values)
+            assert len(fast_layer) == len(slow_layer) == 17, "5 prompt positions and 12 steps cached"
+            assert torch.equal(fast_layer.keys, slow_layer.keys), f"{name}: the cached keys differ"
+            assert torch.equal(fast_layer.values, slow_layer.values), f"{name}: the cached values differ"
 
 
 def test_bf16_weights_take_the_same_path_as_the_modules():
     model = model_of(LLAMA).to(torch.bfloat16)  # RMSNorm's non-float32 branch
     prompt = torch.randint(0, 50, (2, 4), generator=torch.Generator().manual_seed(2))
-    fast = generate(model, prompt, 10, return_logits=True)
-    model.register_forward_hook(lambda *args: None)  # forces the module path
-    assert fast_decoder(model) is None
-    slow = generate(model, prompt, 10, return_logits=True)
-    assert torch.equal(fast[0], slow[0]) and torch.equal(fast[1], slow[1])
+    assert_same(*both_paths(model, prompt, 10), "bf16 weights")
 
 
 def test_generate_matches_recomputing_across_a_window_refill():
@@ -80,7 +100,7 @@ def test_generate_matches_recomputing_across_a_window_refill():
                       return_logits=True)  # 55 positions > max_len 40: the cache is refilled
     recomputed = generate(model, prompt, 25, sampler=sampler, generator=torch.Generator().manual_seed(4),
                           use_cache=False, return_logits=True)
-    assert torch.equal(cached[0], recomputed[0])
+    assert torch.equal(cached[0], recomputed[0]), "cached and recomputed generation chose different tokens"
     torch.testing.assert_close(cached[1], recomputed[1], atol=1e-5, rtol=1e-5)
 
 
@@ -88,13 +108,13 @@ def test_a_hook_anywhere_sends_generate_through_the_modules():
     model = model_of(GPT)
     calls = []
     handle = model.blocks[1].ffn.register_forward_hook(lambda module, args, out: calls.append(args[0].shape))
-    assert fast_decoder(model) is None
+    assert fast_decoder(model) is None, "a forward hook on one FFN must keep the module path"
     generate(model, torch.zeros(1, 3, dtype=torch.long), 6)
     assert calls == [(1, 3, 32)] + [(1, 1, 32)] * 5, "the hook must see the prompt and every one-token step"
     handle.remove()
-    assert fast_decoder(model) is not None
+    assert fast_decoder(model) is not None, "without the hook the fast path is back"
     pre = model.embed.register_forward_pre_hook(lambda module, args: None)
-    assert fast_decoder(model) is None
+    assert fast_decoder(model) is None, "a pre-hook must keep the module path"
     pre.remove()
 
 
@@ -108,7 +128,7 @@ def test_global_hooks_parametrizations_and_foreign_parts_get_no_fast_decoder(mon
             assert fast_decoder(model) is None, register.__name__
         finally:
             handle.remove()
-    assert fast_decoder(model) is not None
+    assert fast_decoder(model) is not None, "without global hooks the fast path is back"
 
     for place, part in (("final_norm", nn.Linear(32, 32)), ("blocks.0.ffn", nn.Identity()),
                         ("blocks.1.attn_sublayer.norm", nn.Linear(32, 32)), ("embed.positions", nn.Identity())):
@@ -122,16 +142,16 @@ def test_global_hooks_parametrizations_and_foreign_parts_get_no_fast_decoder(mon
 
     dropout_on = model_of(GPT)
     dropout_on.blocks[0].ffn.dropout.train()  # e.g. Monte Carlo dropout
-    assert fast_decoder(dropout_on) is None
+    assert fast_decoder(dropout_on) is None, "a dropout in training mode must keep the module path"
 
     compiled = model_of(GPT)
     compiled.blocks[0].compile()  # in place: the module path would run the compiled forward
-    assert fast_decoder(compiled) is None
+    assert fast_decoder(compiled) is None, "a block compiled in place must keep the module path"
 
     with monkeypatch.context() as patch:
         patch.setattr(nn.LayerNorm, "forward", lambda self, x: x)  # a forward patched on the class
-        assert fast_decoder(model) is None
-    assert fast_decoder(model) is not None
+        assert fast_decoder(model) is None, "a forward patched on the class must keep the module path"
+    assert fast_decoder(model) is not None, "with the class's own forward back, the fast path is back"
 
     class LearnersAttention(MultiHeadAttention):  # a subclass may compute something else
         pass
@@ -139,33 +159,27 @@ def test_global_hooks_parametrizations_and_foreign_parts_get_no_fast_decoder(mon
     swapped = model_of(GPT)
     old = swapped.blocks[0].attn
     swapped.blocks[0].attn = LearnersAttention(old.d_model, old.n_heads)
-    assert fast_decoder(swapped) is None
+    assert fast_decoder(swapped) is None, "a subclass of MultiHeadAttention may compute something else"
 
     patched = model_of(GPT)
     patched.final_norm.forward = lambda x: x  # a replaced forward on one instance
-    assert fast_decoder(patched) is None
+    assert fast_decoder(patched) is None, "a forward replaced on one instance must keep the module path"
 
     parametrized = model_of(GPT)
     nn.utils.parametrizations.weight_norm(parametrized.blocks[0].attn.out)
-    assert fast_decoder(parametrized) is None
+    assert fast_decoder(parametrized) is None, "a parametrized weight must keep the module path"
 
     class Subclass(DecoderOnlyLM):
         pass
 
-    assert fast_decoder(Subclass(GPT).eval()) is None
+    assert fast_decoder(Subclass(GPT).eval()) is None, "a subclass of DecoderOnlyLM may compute something else"
     assert fast_decoder(model_of(GPT).train()) is None, "training mode: dropout is the modules' business"
 
 
 def test_return_logits_and_sampling_are_unchanged_by_the_fast_path():
     model = model_of(GPT)
     prompt = torch.randint(0, 50, (4, 6), generator=torch.Generator().manual_seed(5))
-    sampler = Sampler(temperature=0.8, top_p=0.9)
-    fast = generate(model, prompt, 15, sampler=sampler, generator=torch.Generator().manual_seed(6),
-                    return_logits=True)
-    model.blocks[0].register_forward_pre_hook(lambda module, args: None)
-    slow = generate(model, prompt, 15, sampler=sampler, generator=torch.Generator().manual_seed(6),
-                    return_logits=True)
-    assert torch.equal(fast[0], slow[0]) and torch.equal(fast[1], slow[1])
+    assert_same(*both_paths(model, prompt, 15, Sampler(temperature=0.8, top_p=0.9), seed=6), "top-p sampling")
 
 
 @pytest.mark.parametrize("name", ["gpt", "llama (GQA, RoPE, RMSNorm, SwiGLU)", "mixture of experts, one dense layer"])
@@ -173,23 +187,16 @@ def test_under_bf16_autocast_the_fast_steps_match_the_modules(name):
     model = model_of(CONFIGS[name])
     prompt = torch.randint(0, 50, (2, 5), generator=torch.Generator().manual_seed(7))
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        fast = generate(model, prompt, 12, return_logits=True)
-        handle = model.register_forward_hook(lambda *args: None)
-        slow = generate(model, prompt, 12, return_logits=True)
-        handle.remove()
+        fast, slow = both_paths(model, prompt, 12)
     assert fast[1].dtype == torch.bfloat16, "autocast must reach the fast path's matrix products"
-    assert torch.equal(fast[0], slow[0]) and torch.equal(fast[1], slow[1])
+    assert_same(fast, slow, f"{name} under bf16 autocast")
 
 
-def test_a_post_ln_feed_forward_in_a_pre_ln_block_is_followed(monkeypatch):
+def test_a_post_ln_feed_forward_in_a_pre_ln_block_is_followed():
     model = model_of(LLAMA)
     model.blocks[1].ffn_sublayer.order = "post"  # each sublayer's order is its own
     prompt = torch.randint(0, 50, (2, 4), generator=torch.Generator().manual_seed(8))
-    fast = generate(model, prompt, 8, return_logits=True)
-    handle = model.register_forward_hook(lambda *args: None)
-    slow = generate(model, prompt, 8, return_logits=True)
-    handle.remove()
-    assert torch.equal(fast[1], slow[1])
+    assert_same(*both_paths(model, prompt, 8), "a post-LN FFN in a pre-LN block")
 
 
 def test_generate_takes_every_one_token_step_through_the_fast_decoder(monkeypatch):
@@ -203,7 +210,7 @@ def test_generate_takes_every_one_token_step_through_the_fast_decoder(monkeypatc
     generate(model, torch.zeros(1, 35, dtype=torch.long), 9)  # max_len 40
     # the tokens at positions 35-39 go through FastDecoder; from then on the window is full and
     # every step refills the cache from the last 40 tokens through the modules
-    assert len(calls) == 5
+    assert len(calls) == 5, f"positions 35-39 through FastDecoder, the refills through the modules; got {len(calls)}"
 
 
 @pytest.mark.parametrize("capacity", [None, 3, 64])
@@ -214,5 +221,5 @@ def test_append_one_makes_the_cache_that_append_makes(capacity):
         k, v = torch.randn(2, 3, 1, 4), torch.randn(2, 3, 1, 4)
         keys, values = plain.append(k, v)
         fast_keys, fast_values = fast.append_one(k, v)
-        assert torch.equal(fast_keys, keys) and torch.equal(fast_values, values)
-        assert len(fast) == len(plain) == step + 1
+        assert torch.equal(fast_keys, keys) and torch.equal(fast_values, values), f"step {step}: another cache"
+        assert len(fast) == len(plain) == step + 1, f"step {step}: lengths {len(fast)} and {len(plain)}"
