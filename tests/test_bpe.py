@@ -66,9 +66,14 @@ def test_openai_encodings_give_tiktokens_ids_on_the_corpus_and_a_unicode_stress_
 def test_special_tokens_are_ids_when_allowed_and_text_otherwise(openai_pair):
     ours, reference = openai_pair
     text = "one<|endoftext|>two <|endofprompt|>"
-    assert ours.encode(text) == reference.encode(text, allowed_special="all")
-    assert ours.encode(text, allow_special=False) == reference.encode_ordinary(text)
-    assert ours.encode(text).count(ours.special_id("<|endoftext|>")) == 1
+    assert ours.encode(text, allowed_special="all") == reference.encode(text, allowed_special="all")
+    assert ours.encode(text) == reference.encode_ordinary(text), "by default a special token's text is text"
+    named = ours.encode(text, allowed_special={"<|endoftext|>"})
+    assert named == reference.encode(text, allowed_special={"<|endoftext|>"}, disallowed_special=())
+    assert named.count(ours.special_id("<|endoftext|>")) == 1
+    assert ours.special_id("<|endofprompt|>") not in named, "only the special token named becomes an id"
+    with pytest.raises(ValueError, match="not special tokens of this tokenizer"):
+        ours.encode(text, allowed_special={"<|im_end|>"})
 
 
 @settings(max_examples=150, deadline=None)
@@ -76,7 +81,7 @@ def test_special_tokens_are_ids_when_allowed_and_text_otherwise(openai_pair):
 def test_any_text_round_trips_and_matches_tiktoken(text):
     pytest.importorskip("bpe_openai")
     ours, reference = _cl100k()
-    ids = ours.encode(text, allow_special=False)
+    ids = ours.encode(text)
     assert ours.decode(ids) == text, f"round trip of {text!r}"
     assert ids == reference.encode_ordinary(text), f"ids of {text!r} differ from tiktoken's"
 
@@ -149,7 +154,7 @@ def test_special_tokens_given_to_both_trainers_change_nothing_but_their_ids(corp
     shift = theirs.token_to_id("!")  # tokenizers puts the special tokens first, ours puts them last
     assert shift == 1 and ours.special_id("<|endoftext|>") == 399
     text = "end<|endoftext|>start " + corpus[:2000]
-    ours_ids = ours.encode(text)
+    ours_ids = ours.encode(text, allowed_special="all")  # tokenizers always splits on added tokens
     theirs_ids = theirs.encode(text).ids
     mapped = [0 if i == 399 else i + shift for i in ours_ids]
     assert mapped == theirs_ids, "with the special token first, every other id moves by one"
@@ -198,7 +203,7 @@ def test_tokenizer_json_pipelines_of_real_models_give_identical_ids(variant, tra
     }[variant]
     theirs, ours = tokenizer_json_variant(trained_pair, tmp_path, **kwargs)
     text = STRESS + "<|im_start|>user\nHi 2024<|im_end|>" + corpus[:20_000]
-    assert ours.encode(text) == theirs.encode(text, add_special_tokens=False).ids, variant
+    assert ours.encode(text, allowed_special="all") == theirs.encode(text, add_special_tokens=False).ids, variant
 
 
 def test_saved_gpt2_files_load_into_tokenizers_and_back_with_identical_ids(tmp_path):
@@ -269,7 +274,8 @@ def test_train_bpe_gives_the_vocabulary_size_asked_for_and_round_trips(corpus):
     assert [tok.vocab[bytes([b])] for b in bpe.byte_order()] == list(range(256))
     assert len(tok.encode(corpus[:30_000])) < 30_000 * 0.8, "44 merges should compress the text they came from"
     assert tok.decode(tok.encode(STRESS)) == STRESS
-    assert tok.encode("<|endoftext|>") == [299]
+    assert tok.encode("<|endoftext|>", allowed_special="all") == [299]
+    assert 299 not in tok.encode("<|endoftext|>"), "unnamed, a special token's text is text"
 
 
 def test_the_word_cache_returns_what_merging_returns(corpus):
@@ -307,8 +313,8 @@ def test_bad_input_is_a_clear_value_error(tmp_path):
         bpe.learn_merges({"ab": 3}, 1)
     with pytest.raises(ValueError, match="piece_counts values must be counts"):
         bpe.learn_merges({b"ab": 0}, 1)
-    with pytest.raises(ValueError, match="all 256 single bytes"):
-        bpe.BPETokenizer({b"a": 0})
+    with pytest.raises(ValueError, match="unknown_id must be an id of this tokenizer"):
+        bpe.BPETokenizer({b"a": 0}, unknown_id=5)
     with pytest.raises(ValueError, match="not byte-level"):
         bpe.symbols_to_bytes("▁a")
     with pytest.raises(ValueError, match="capturing groups"):

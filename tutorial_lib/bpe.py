@@ -162,17 +162,26 @@ class Merge(NamedTuple):
 class BPETokenizer:
     """A byte-level BPE tokenizer: ``encode(text) -> ids`` and ``decode(ids) -> text``.
 
-    vocab: token bytes -> id, and it must hold all 256 single bytes. merges: the merge list,
+    vocab: token bytes -> id. It should hold all 256 single bytes; a vocabulary that lacks some
+    (SmolLM2's has no token for 21 of them) loads, and such a byte is encoded as Hugging Face's
+    ``tokenizers`` and llama.cpp encode it: dropped (``unknown_id=None``: the bytes on either
+    side of it become neighbours), or as the id ``unknown_id``, one per byte (``fuse_unknown``:
+    one for a run of them). merges: the merge list,
     in the order learned (each merged token must be in ``vocab``); ``None`` for a rank table,
     where a pair's rank is the id of its concatenation. patterns: the pre-tokenisation
     regular expressions, applied one after the other, each cutting every piece further (text
     between matches stays a piece of its own). special_tokens: strings (such as
-    ``<|endoftext|>``) that map to one id and are never split. whole_pieces: look a whole
+    ``<|endoftext|>``) that map to one id and are never split; text becomes one of them only
+    where the caller names it (``encode(text, allowed_special=...)``), so a user who types
+    ``<|im_end|>`` types text, not the end of a turn. whole_pieces: look a whole
     piece up in the vocabulary before merging (tiktoken does; so does Llama 3's tokenizer.json
     with ``ignore_merges``); default: True for a rank table, False for a merge list.
     normalization: a Unicode normal form applied to ordinary text first ("NFC" for Qwen2).
     prefix_space: add a space before text that does not start with one (GPT-2's
-    ``add_prefix_space`` option; decode then returns the space too).
+    ``add_prefix_space`` option; decode then returns the space too). bos_id, eos_id: the ids
+    that begin and end a document (or a turn); add_bos: whether the model expects ``bos_id``
+    before a prompt (:meth:`apply_chat_template` adds it then; :meth:`encode` never does).
+    chat_template: the Jinja template of a chat model (:meth:`apply_chat_template`).
 
     Pieces already seen are remembered (a word cache), so a long text with a few thousand
     distinct words costs a few thousand merge loops.
@@ -181,13 +190,13 @@ class BPETokenizer:
     def __init__(self, vocab: dict[bytes, int], *, merges: Sequence[tuple[bytes, bytes]] | None = None,
                  patterns: str | Sequence[str] = GPT2_PATTERN, special_tokens: dict[str, int] | None = None,
                  whole_pieces: bool | None = None, normalization: str | None = None,
-                 prefix_space: bool = False, name: str = "bpe"):
+                 prefix_space: bool = False, name: str = "bpe", unknown_id: int | None = None,
+                 fuse_unknown: bool = False, bos_id: int | None = None, eos_id: int | None = None,
+                 add_bos: bool = False, chat_template: str | None = None):
         if not isinstance(vocab, dict) or not vocab:
             raise ValueError("vocab must be a non-empty dict of token bytes -> id")
-        missing = [b for b in range(256) if bytes([b]) not in vocab]
-        if missing:
-            raise ValueError(f"a byte-level vocab holds all 256 single bytes; missing {len(missing)}, "
-                             f"for example byte {missing[0]}")
+        # bytes with no token of their own: dropped, or unknown_id (see the class docstring)
+        self.missing_bytes = frozenset(b for b in range(256) if bytes([b]) not in vocab)
         for token, i in vocab.items():
             if not isinstance(token, bytes) or isinstance(i, bool) or not isinstance(i, int) or i < 0:
                 raise ValueError(f"vocab must map bytes to ids >= 0, got {token!r}: {i!r}")
@@ -221,6 +230,15 @@ class BPETokenizer:
                                  f"{self._bytes_of[i]!r}")
             self._bytes_of[i] = text.encode("utf-8")
         self._special_id = {i: t for t, i in self.special_tokens.items()}
+        for what, i in (("unknown_id", unknown_id), ("bos_id", bos_id), ("eos_id", eos_id)):
+            if i is not None and (isinstance(i, bool) or not isinstance(i, int) or i not in self._bytes_of):
+                raise ValueError(f"{what} must be an id of this tokenizer or None, got {i!r}")
+        self.unknown_id, self.fuse_unknown = unknown_id, bool(fuse_unknown)
+        self.bos_id, self.eos_id, self.add_bos = bos_id, eos_id, bool(add_bos)
+        if chat_template is not None and not isinstance(chat_template, str):
+            raise ValueError(f"chat_template must be a Jinja template string or None, "
+                             f"got {type(chat_template).__name__}")
+        self.chat_template = chat_template
         # longest first, so that a special token that contains another one wins
         alternatives = sorted(self.special_tokens, key=len, reverse=True)
         self._special_re = regex.compile("|".join(map(regex.escape, alternatives))) if alternatives else None
@@ -264,19 +282,37 @@ class BPETokenizer:
             pieces = [p for piece in pieces for p in _split_keeping_gaps(pattern, piece)]
         return pieces
 
-    def encode(self, text: str, *, allow_special: bool = True) -> list[int]:
-        """Text -> ids. With ``allow_special`` (the default) a special token's text in ``text``
-        becomes its id; otherwise it is encoded as ordinary text (tiktoken's ``encode_ordinary``)."""
+    def encode(self, text: str, *, allowed_special: Iterable[str] | str = ()) -> list[int]:
+        """Text -> ids. Special tokens' texts are ordinary text (``<|endoftext|>`` becomes the
+        tokens for ``<``, ``|``, ...) unless named in ``allowed_special``: those become their ids
+        (``"all"`` names every one). tiktoken's rule: text from a user never turns into a control
+        token unless the program asked for that token."""
         if not isinstance(text, str):
             raise ValueError(f"text must be a str, got {type(text).__name__}")
-        if not allow_special or self._special_re is None:
+        allowed = self._allowed_special(allowed_special)
+        if not allowed:
             return self._encode_ordinary(text)
         ids, start = [], 0
         for match in self._special_re.finditer(text):
+            if match.group() not in allowed:
+                continue
             ids += self._encode_ordinary(text[start:match.start()])
             ids.append(self.special_tokens[match.group()])
             start = match.end()
         return ids + self._encode_ordinary(text[start:])
+
+    def _allowed_special(self, allowed_special) -> frozenset[str]:
+        if allowed_special == "all":
+            return frozenset(self.special_tokens)
+        if isinstance(allowed_special, str) or not isinstance(allowed_special, Iterable):
+            raise ValueError(f"allowed_special must be 'all' or a collection of special tokens, "
+                             f"got {allowed_special!r}")
+        allowed = frozenset(allowed_special)
+        unknown = sorted(allowed - set(self.special_tokens))
+        if unknown:
+            raise ValueError(f"allowed_special names {unknown}, which are not special tokens of this tokenizer; "
+                             f"it has {sorted(self.special_tokens)}")
+        return allowed
 
     def _encode_ordinary(self, text: str) -> list[int]:
         ids: list[int] = []
@@ -300,9 +336,37 @@ class BPETokenizer:
         """The ids of one piece's bytes after merging: the best pair first (lowest merge
         rank, or lowest rank of the concatenation for a rank table), the leftmost of equals."""
         vocab = self.vocab
+        if self.missing_bytes and not self.missing_bytes.isdisjoint(data):
+            return self._merge_with_missing(data)
         if len(data) == 1 or (self.whole_pieces and data in vocab):
             return [vocab[data]]
-        parts = [data[i:i + 1] for i in range(len(data))]
+        return self._merge_parts([data[i:i + 1] for i in range(len(data))])
+
+    def _merge_with_missing(self, data: bytes) -> list[int]:
+        """A piece holding bytes that have no token. Dropped (unknown_id None): the other bytes
+        merge as if they were neighbours, as in ``tokenizers``. Otherwise each becomes
+        unknown_id (a run of them one, with fuse_unknown), and no merge crosses it."""
+        if self.unknown_id is None:
+            known = [data[i:i + 1] for i in range(len(data)) if data[i] not in self.missing_bytes]
+            return self._merge_parts(known) if known else []
+        ids: list[int] = []
+        run: list[bytes] = []
+        for i in range(len(data)):
+            if data[i] in self.missing_bytes:
+                if run:
+                    ids += self._merge_parts(run)
+                    run = []
+                if not (self.fuse_unknown and ids and ids[-1] == self.unknown_id):
+                    ids.append(self.unknown_id)
+            else:
+                run.append(data[i:i + 1])
+        return ids + (self._merge_parts(run) if run else [])
+
+    def _merge_parts(self, parts: list[bytes]) -> list[int]:
+        """Merge a list of tokens (as bytes), best pair first: their ids."""
+        vocab = self.vocab
+        if len(parts) == 1:
+            return [vocab[parts[0]]]
         if self._merge_rank is not None:
             merge_rank = self._merge_rank
             rank_of = lambda a, b: merge_rank.get((a, b))  # noqa: E731
@@ -326,6 +390,34 @@ class BPETokenizer:
                 r = rank_of(parts[i], parts[i + 1])
                 ranks[i] = missing if r is None else r
         return [vocab[p] for p in parts]
+
+    # ---- chat -----------------------------------------------------------------------------------
+    def apply_chat_template(self, messages: Sequence[Mapping[str, str]], *,
+                            add_generation_prompt: bool = True) -> list[int]:
+        """The ids of a conversation laid out by the model's chat template.
+
+        messages: ``[{"role": "user", "content": "..."}, ...]``. The template (Jinja, from the
+        model's files) is rendered to text as ``transformers`` renders it; then the special
+        tokens the *template* wrote (``<|im_start|>``, ``<|im_end|>``) become their ids, and
+        everything inside a message's content is ordinary text, special-looking or not.
+        ``add_generation_prompt`` ends with the opening of the assistant's turn.
+        """
+        if self.chat_template is None:
+            raise ValueError(f"{self.name} has no chat template (a base model, or files without one)")
+        text, spans = render_chat(self.chat_template, messages, add_generation_prompt=add_generation_prompt,
+                                  bos_token=self._special_id.get(self.bos_id, ""),
+                                  eos_token=self._special_id.get(self.eos_id, ""))
+        ids, start = [], 0
+        for match in (self._special_re.finditer(text) if self._special_re is not None else ()):
+            if any(a < match.end() and match.start() < b for a, b in spans):
+                continue  # inside a message: text
+            ids += self._encode_ordinary(text[start:match.start()])
+            ids.append(self.special_tokens[match.group()])
+            start = match.end()
+        ids += self._encode_ordinary(text[start:])
+        if self.add_bos and self.bos_id is not None and ids[:1] != [self.bos_id]:
+            ids.insert(0, self.bos_id)
+        return ids
 
     # ---- decoding ---------------------------------------------------------------------------
     def _check_id(self, i) -> None:
@@ -507,7 +599,7 @@ def _from_tokenizer_spec(spec: dict, where: str) -> BPETokenizer:
     if model.get("byte_fallback"):
         raise ValueError(f"{where}: BPE with byte_fallback is SentencePiece-style BPE (as in Llama 2), "
                          "not byte-level BPE")
-    for option in ("dropout", "continuing_subword_prefix", "end_of_word_suffix"):
+    for option in ("dropout", "continuing_subword_prefix", "end_of_word_suffix"):  # "" means none
         if model.get(option):
             raise ValueError(f"{where}: BPE option {option}={model[option]!r} is not supported")
     normalization = _normalizer(spec.get("normalizer"), where)
@@ -523,9 +615,12 @@ def _from_tokenizer_spec(spec: dict, where: str) -> BPETokenizer:
     for merge in model.get("merges", []):
         left, right = merge.split(" ") if isinstance(merge, str) else merge
         merges.append((symbols_to_bytes(left), symbols_to_bytes(right)))
+    unknown = model.get("unk_token")
+    unknown_id = None if unknown is None else specials.get(unknown, model["vocab"].get(unknown))
     return BPETokenizer(vocab, merges=merges, patterns=patterns, special_tokens=specials,
                         whole_pieces=bool(model.get("ignore_merges")), normalization=normalization,
-                        prefix_space=prefix_space, name=where)
+                        prefix_space=prefix_space, name=where, unknown_id=unknown_id,
+                        fuse_unknown=bool(model.get("fuse_unk")))
 
 
 def load_tokenizer(folder: str | Path) -> BPETokenizer:
@@ -536,6 +631,113 @@ def load_tokenizer(folder: str | Path) -> BPETokenizer:
     if (folder / "vocab.json").is_file() and (folder / "merges.txt").is_file():
         return BPETokenizer.from_gpt2_files(folder / "vocab.json", folder / "merges.txt")
     raise ValueError(f"{folder} has neither tokenizer.json nor vocab.json + merges.txt")
+
+
+# ---- chat templates --------------------------------------------------------------------------------
+
+# Two private-use characters mark where each message's content lies in the rendered text.
+_OPEN, _CLOSE = "\ue000", "\ue001"
+
+
+def render_chat(template: str, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True,
+                bos_token: str = "", eos_token: str = "") -> tuple[str, list[tuple[int, int]]]:
+    """A chat template rendered with Jinja (sandboxed, with the options ``transformers`` uses),
+    and the (start, end) character span of every message's content in the result."""
+    from jinja2 import TemplateError
+    from jinja2.ext import loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    if isinstance(messages, (str, Mapping)) or not isinstance(messages, Sequence) or not messages:
+        raise ValueError(f"messages must be a non-empty list of {{'role': ..., 'content': ...}} dicts, "
+                         f"got {messages!r:.80}")
+    marked = []
+    for k, message in enumerate(messages):
+        if not isinstance(message, Mapping) or not isinstance(message.get("role"), str) \
+                or not isinstance(message.get("content"), str):
+            raise ValueError(f"message {k} must be a dict with a 'role' and a 'content' string, got {message!r:.80}")
+        if _OPEN in message["content"] or _CLOSE in message["content"]:
+            raise ValueError(f"message {k} holds U+E000 or U+E001, which render_chat uses as markers")
+        marked.append({**message, "content": _OPEN + message["content"] + _CLOSE})
+
+    def raise_exception(message):
+        raise TemplateError(message)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env.globals["raise_exception"] = raise_exception
+    try:
+        rendered = env.from_string(template).render(messages=marked, add_generation_prompt=add_generation_prompt,
+                                                    bos_token=bos_token, eos_token=eos_token)
+    except TemplateError as err:
+        raise ValueError(f"the chat template failed: {err}") from err
+    text, spans, start = [], [], None
+    length = 0
+    for ch in rendered:
+        if ch == _OPEN:
+            start = length
+        elif ch == _CLOSE:
+            spans.append((start, length))
+        else:
+            text.append(ch)
+            length += 1
+    return "".join(text), spans
+
+
+# ---- GGUF metadata (llama.cpp's files) ----------------------------------------------------------------
+
+# llama.cpp's pre-tokenizers (tokenizer.ggml.pre) that this module implements, as its regular
+# expressions applied in turn (llama-vocab.cpp). "smollm": every digit is a piece of its own,
+# then GPT-2's pattern; the same as SmolLM2's tokenizer.json (Digits with individual_digits,
+# then ByteLevel).
+GGUF_PRE_TOKENIZERS = {
+    "gpt-2": (GPT2_PATTERN,),
+    "smollm": (r"\p{N}", GPT2_PATTERN),
+}
+# tokenizer.ggml.token_type: 1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte
+_GGUF_SPECIAL_TYPES = (3, 4)
+
+
+def tokenizer_from_gguf(metadata: Mapping[str, object], name: str = "gguf") -> BPETokenizer:
+    """The byte-level BPE tokenizer that a GGUF file's metadata describes: its tokens (written
+    in GPT-2's byte symbols), merges, token types (control and user-defined tokens are special
+    tokens), BOS/EOS ids, ``add_bos_token`` and chat template. Refuses SentencePiece
+    vocabularies (``tokenizer.ggml.model`` "llama") and pre-tokenizers it does not implement."""
+    model = metadata.get("tokenizer.ggml.model")
+    if model != "gpt2":
+        raise ValueError(f"{name}: tokenizer.ggml.model is {model!r}; tutorial_lib.bpe reads byte-level BPE "
+                         "('gpt2'), not SentencePiece ('llama') or others")
+    pre = metadata.get("tokenizer.ggml.pre", "gpt-2")
+    if pre not in GGUF_PRE_TOKENIZERS:
+        raise ValueError(f"{name}: pre-tokenizer {pre!r} is not implemented here; implemented: "
+                         f"{sorted(GGUF_PRE_TOKENIZERS)}")
+    tokens = metadata.get("tokenizer.ggml.tokens")
+    merges = metadata.get("tokenizer.ggml.merges")
+    if not isinstance(tokens, list) or not isinstance(merges, list):
+        raise ValueError(f"{name}: the metadata lacks tokenizer.ggml.tokens or tokenizer.ggml.merges")
+    types = metadata.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+    if len(types) != len(tokens):
+        raise ValueError(f"{name}: {len(tokens)} tokens but {len(types)} token types")
+    vocab, specials = {}, {}
+    for i, (token, kind) in enumerate(zip(tokens, types)):
+        if kind in _GGUF_SPECIAL_TYPES:
+            specials[token] = i
+        else:
+            vocab[symbols_to_bytes(token)] = i
+    pairs = []
+    for k, merge in enumerate(merges):
+        parts = merge.split(" ")
+        if len(parts) != 2:
+            raise ValueError(f"{name}: merge {k} is {merge!r}, not 'left right'")
+        pairs.append((symbols_to_bytes(parts[0]), symbols_to_bytes(parts[1])))
+
+    def token_id(key):
+        value = metadata.get(key)
+        return None if value is None or not 0 <= value < len(tokens) else int(value)
+
+    return BPETokenizer(vocab, merges=pairs, patterns=GGUF_PRE_TOKENIZERS[pre], special_tokens=specials,
+                        name=name, bos_id=token_id("tokenizer.ggml.bos_token_id"),
+                        eos_id=token_id("tokenizer.ggml.eos_token_id"),
+                        add_bos=bool(metadata.get("tokenizer.ggml.add_bos_token", False)),
+                        chat_template=metadata.get("tokenizer.chat_template"))
 
 
 # ---- OpenAI's encodings from a local rank file ---------------------------------------------------

@@ -20,6 +20,7 @@ from .attention import MultiHeadAttention
 from .config import ModelConfig, from_hf_config
 from .gpt import DecoderOnlyLM
 from .layers import FeedForward, TransformerBlock
+from .positions import interleaved_to_half_split
 from .transformer import DecoderLayer, EncoderDecoder
 
 
@@ -120,7 +121,9 @@ class TensorMap(NamedTuple):
     (one part of a fused matrix such as [Q; K; V]); ``source_rows`` takes only those rows of
     the source (Phi-3's fused [gate; up]); ``transpose`` for GPT-2's Conv1D, which stores
     (in, out) where nn.Linear stores (out, in); ``plus_one`` for Gemma, whose norms store
-    w - 1 and multiply by 1 + w."""
+    w - 1 and multiply by 1 + w; ``rope_heads`` for the query and key projections of a GGUF
+    file, whose rows llama.cpp stored in the interleaved RoPE layout, head by head (the
+    number of heads of that projection: the key/value heads for ``attn_k``)."""
 
     source: str
     target: str
@@ -128,6 +131,7 @@ class TensorMap(NamedTuple):
     source_rows: tuple[int, int] | None = None
     transpose: bool = False
     plus_one: bool = False
+    rope_heads: int = 0
 
 
 def _gpt2_map(cfg: ModelConfig, prefix: str) -> list[TensorMap]:
@@ -191,6 +195,45 @@ def hf_tensor_map(cfg: ModelConfig, model_type: str, names: Iterable[str] = ()) 
     return _llama_map(cfg, model_type)
 
 
+# llama.cpp's names for the tensors of a LLaMA-family model (its GGUF files), against Hugging
+# Face's: the same tensors, renamed, with Q and K in the interleaved RoPE layout.
+_GGUF_NAMES = [
+    (r"model\.embed_tokens\.", "token_embd."), (r"model\.norm\.", "output_norm."), (r"lm_head\.", "output."),
+    (r"model\.layers\.(\d+)\.input_layernorm\.", r"blk.\1.attn_norm."),
+    (r"model\.layers\.(\d+)\.post_attention_layernorm\.", r"blk.\1.ffn_norm."),
+    (r"model\.layers\.(\d+)\.self_attn\.q_proj\.", r"blk.\1.attn_q."),
+    (r"model\.layers\.(\d+)\.self_attn\.k_proj\.", r"blk.\1.attn_k."),
+    (r"model\.layers\.(\d+)\.self_attn\.v_proj\.", r"blk.\1.attn_v."),
+    (r"model\.layers\.(\d+)\.self_attn\.o_proj\.", r"blk.\1.attn_output."),
+    (r"model\.layers\.(\d+)\.mlp\.gate_proj\.", r"blk.\1.ffn_gate."),
+    (r"model\.layers\.(\d+)\.mlp\.up_proj\.", r"blk.\1.ffn_up."),
+    (r"model\.layers\.(\d+)\.mlp\.down_proj\.", r"blk.\1.ffn_down."),
+]
+
+
+def gguf_tensor_name(hf_name: str) -> str:
+    """llama.cpp's name for a Hugging Face LLaMA tensor (``model.layers.0.self_attn.q_proj.weight``
+    -> ``blk.0.attn_q.weight``)."""
+    for pattern, replacement in _GGUF_NAMES:
+        renamed, n = re.subn("^" + pattern, replacement, hf_name)
+        if n:
+            return renamed
+    raise ValueError(f"{hf_name!r} has no GGUF name in this table")
+
+
+def gguf_tensor_map(cfg: ModelConfig) -> list[TensorMap]:
+    """Where each tensor of a LLaMA GGUF file goes in a :class:`DecoderOnlyLM` built from
+    ``cfg``: the LLaMA map of :func:`hf_tensor_map` under llama.cpp's names, with the rows of
+    ``attn_q`` (``n_heads`` heads) and ``attn_k`` (``kv_heads`` heads: with grouped-query
+    attention, fewer) put back into the half-split RoPE layout."""
+    maps = []
+    for m in _llama_map(cfg, "llama"):
+        source = gguf_tensor_name(m.source)
+        heads = cfg.n_heads if ".attn_q." in source else cfg.kv_heads if ".attn_k." in source else 0
+        maps.append(m._replace(source=source, rope_heads=heads))
+    return maps
+
+
 # Tensors that checkpoints carry but that are not weights: GPT-2's causal-mask buffers, the RoPE
 # frequencies of older LLaMA files, and the output head of a tied model (the token table again).
 _NOT_WEIGHTS = re.compile(r"((transformer\.)?h\.\d+\.attn\.(bias|masked_bias)"
@@ -218,7 +261,10 @@ def check_tensor_names(maps: list[TensorMap], names: Iterable[str], tie_embeddin
 
 
 def mapped_tensor(m: TensorMap, tensor: Tensor) -> Tensor:
-    """The source tensor as the target wants it: rows taken, transposed, 1 added."""
+    """The source tensor as the target wants it: rows taken, reordered to the half-split RoPE
+    layout, transposed, 1 added."""
+    if m.rope_heads:
+        tensor = interleaved_to_half_split(tensor, m.rope_heads)
     if m.source_rows is not None:
         tensor = tensor[m.source_rows[0]:m.source_rows[1]]
     if m.transpose:

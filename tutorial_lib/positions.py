@@ -91,6 +91,46 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos + rotate_half(x) * sin
 
 
+def rotate_pairs(x: Tensor) -> Tensor:
+    """The interleaved pairing of Meta's original LLaMA code and of llama.cpp: dimension 2i is
+    rotated together with 2i + 1, so (x0, x1, x2, x3, ...) becomes (-x1, x0, -x3, x2, ...)."""
+    pairs = x.unflatten(-1, (-1, 2))  # (..., d/2, 2)
+    return torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)
+
+
+def apply_rope_interleaved(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """RoPE with the interleaved pairing; cos and sin (T, d_k/2), one angle per pair."""
+    return x * cos.repeat_interleave(2, dim=-1) + rotate_pairs(x) * sin.repeat_interleave(2, dim=-1)
+
+
+def interleaved_to_half_split(w: Tensor, n_heads: int) -> Tensor:
+    """Reorder the rows of a query or key projection (n_heads * d_k, ...) from the interleaved
+    RoPE layout to the half-split one, head by head.
+
+    The two layouts compute the same attention: RoPE rotates pairs of dimensions, and only
+    *which* dimensions form a pair differs, (2i, 2i + 1) or (i, i + d_k/2). Moving row 2i of
+    each head to place i and row 2i + 1 to place i + d_k/2 turns one into the other. Scores
+    are dot products over a head's dimensions, which do not care about their order, as long
+    as queries and keys are reordered alike. llama.cpp's converter applies the inverse
+    (:func:`half_split_to_interleaved`) to Hugging Face checkpoints; a GGUF loader undoes it.
+    """
+    rows = w.size(0)
+    if n_heads < 1 or rows % n_heads or (rows // n_heads) % 2:
+        raise ValueError(f"{rows} rows do not split into {n_heads} heads of even width")
+    d_k = rows // n_heads
+    # (heads, d_k/2, 2): row 2i + j of a head -> (i, j); then pairs' first members, then second
+    return w.reshape(n_heads, d_k // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+
+
+def half_split_to_interleaved(w: Tensor, n_heads: int) -> Tensor:
+    """The inverse of :func:`interleaved_to_half_split` (what llama.cpp's converter does)."""
+    rows = w.size(0)
+    if n_heads < 1 or rows % n_heads or (rows // n_heads) % 2:
+        raise ValueError(f"{rows} rows do not split into {n_heads} heads of even width")
+    d_k = rows // n_heads
+    return w.reshape(n_heads, 2, d_k // 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+
+
 class RotaryEmbedding(nn.Module):
     """Rotary position embedding (Su et al., 2021) for heads of width ``head_dim``.
 

