@@ -281,7 +281,8 @@ def dequantize(data: Tensor, kind: str) -> Tensor:
     lead = data.shape[:-1]
     if kind in ("F32", "F16", "BF16"):
         dtype = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}[kind]
-        return data.contiguous().view(dtype).float()
+        # a copy even for F32: the result must not be a view of the (mapped) file
+        return data.contiguous().view(dtype).to(torch.float32, copy=True)
     blocks = data.reshape(*lead, -1, block_bytes)  # (..., n_blocks, block bytes)
     d = _halves(blocks, 0)
     if kind == "Q8_0":

@@ -159,9 +159,9 @@ def _stop_tensor(stop_ids, pad_id, vocab_size: int, device) -> tuple[Tensor, int
         return None
     if isinstance(stop_ids, int) and not isinstance(stop_ids, bool):
         stop_ids = [stop_ids]
-    stop_ids = list(stop_ids) if not isinstance(stop_ids, (str, bytes)) else stop_ids
-    if not isinstance(stop_ids, list) or not stop_ids:
+    if not isinstance(stop_ids, (list, tuple, set, frozenset)) or not stop_ids:
         raise ValueError(f"stop_ids must be an id or a non-empty list of ids, got {stop_ids!r}")
+    stop_ids = sorted(stop_ids) if isinstance(stop_ids, (set, frozenset)) else list(stop_ids)
     for i in [*stop_ids, *([] if pad_id is None else [pad_id])]:
         if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < vocab_size:
             raise ValueError(f"stop_ids and pad_id must be ids in [0, {vocab_size}), got {i!r}")
