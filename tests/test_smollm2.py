@@ -416,3 +416,18 @@ def test_bad_stop_ids_are_value_errors(ours, stop_ids, pad_id):
 def test_a_stop_id_that_is_not_a_list_or_an_int_is_a_value_error(ours, stop_ids):
     with pytest.raises(ValueError, match="stop_ids"):
         generate(ours.model, torch.tensor([[1, 2, 3]]), 2, stop_ids=stop_ids)
+
+
+def test_smollm2s_tokenizer_json_loads_with_the_same_ids(reference, ours, tmp_path):
+    """The online path (load_pretrained of the Hub's safetensors release) reads SmolLM2's
+    tokenizer.json: the same vocabulary, merges and pre-tokenizer saved in that format by
+    `tokenizers` load into BPETokenizer despite the 21 missing bytes, with the reference's ids."""
+    from tutorial_lib.bpe import BPETokenizer
+
+    path = tmp_path / "tokenizer.json"
+    reference.save(str(path))
+    loaded = BPETokenizer.from_tokenizer_json(path)
+    assert loaded.missing_bytes == ours.tokenizer.missing_bytes == frozenset(MISSING_BYTES), "the same missing bytes"
+    text = STRESS_TEXT + builtin_corpus()[:20_000]
+    assert loaded.encode(text) == reference_ids(reference, text) == ours.tokenizer.encode(text), \
+        "tokenizer.json, the GGUF metadata and tokenizers must give the same ids"
