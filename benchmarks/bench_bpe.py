@@ -4,7 +4,7 @@ against tiktoken (Rust), one thread. Target: ours within 15x of tiktoken's time.
     python benchmarks/bench_bpe.py [--rounds 7]
 
 Both encoders are built from the same local rank file (shipped by bpe-openai); tiktoken reads
-it with its own loader, pattern and special tokens (bpe.tiktoken_encoding), and the two must give
+it with its own loader, pattern and special tokens (tokenizer_files.tiktoken_encoding), and the two must give
 identical ids. The two are timed in alternating rounds
 (the order swapped each round), so that a busy machine slows them alike, and the median is
 reported. Ours is timed twice: cold (its word cache emptied before every round: what a fresh
@@ -20,7 +20,7 @@ import time
 
 from _machine import load
 
-from tutorial_lib import bpe
+from tutorial_lib import tokenizer_files
 from tutorial_lib.data import builtin_corpus
 
 
@@ -30,8 +30,8 @@ def main() -> None:
     args = parser.parse_args()
 
     text = builtin_corpus()
-    ours = bpe.openai_encoding("cl100k_base")
-    reference = bpe.tiktoken_encoding("cl100k_base")  # tiktoken's own pattern and specials, offline
+    ours = tokenizer_files.openai_encoding("cl100k_base")
+    reference = tokenizer_files.tiktoken_encoding("cl100k_base")  # tiktoken's own pattern and specials, offline
     ids = reference.encode_ordinary(text)
     assert ours.encode(text) == ids, "tutorial_lib.bpe and tiktoken give different ids"
 

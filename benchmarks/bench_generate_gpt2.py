@@ -1,12 +1,14 @@
 """Generating 128 tokens at batch 1 with the GPT-2 small shape (124M parameters, random
-weights: nothing is downloaded): tutorial_lib's generate with its KV cache against
-transformers' ``generate`` (its own cache), greedy. Target: ours at least as fast.
+weights: nothing is downloaded): tutorial_lib's generate with its KV cache, in both ways (the
+default, every step through the model's modules, and ``fast=True``, the one-token steps through
+``tutorial_lib.fast_decode.FastDecoder``), against transformers' ``generate`` (its own cache),
+greedy. Target: each at least as fast as transformers.
 
     python benchmarks/bench_generate_gpt2.py [--rounds 3] [--threads N]
 
 Our model gets the weights of the transformers model (tutorial_lib.convert.from_hf_model), so
-both must produce identical tokens, which is checked. The two are timed in alternating rounds
-(the order swapped each round) after one warm-up each, and the median is reported.
+all three must produce identical tokens, which is checked. They are timed in alternating rounds
+(the order rotated each round) after one warm-up each, and the median is reported.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from tutorial_lib.params import expected_parameters
 from tutorial_lib.sampling import generate
 
 NEW_TOKENS, PROMPT = 128, 16
+HF = "transformers generate"
 
 
 def main() -> None:
@@ -44,29 +47,37 @@ def main() -> None:
     prompt = torch.randint(0, hf_cfg.vocab_size, (1, PROMPT), generator=torch.Generator().manual_seed(1))
     mask = torch.ones_like(prompt)
 
-    def run_ours():
-        return generate(ours, prompt, NEW_TOKENS, use_cache=True)
-
     def run_hf():
         with torch.inference_mode():
             return hf.generate(prompt, attention_mask=mask, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
                                do_sample=False, pad_token_id=0)
 
-    a, b = run_ours(), run_hf()  # warm-up, and the check
-    assert torch.equal(a, b), f"the generated tokens differ from position {int((a != b).nonzero()[0, 1])}"
-    times = {run_ours: [], run_hf: []}
+    runs = {
+        "generate, modules (default)": lambda: generate(ours, prompt, NEW_TOKENS, use_cache=True),
+        "generate, fast=True": lambda: generate(ours, prompt, NEW_TOKENS, use_cache=True, fast=True),
+        HF: run_hf,
+    }
+    reference = run_hf()  # warm-up, and the check
+    for name, run in runs.items():
+        out = run()
+        assert torch.equal(out, reference), \
+            f"{name}: the tokens differ from position {int((out != reference).nonzero()[0, 1])}"
+    times = {name: [] for name in runs}
+    names = list(runs)
     for i in range(args.rounds):
-        for run in ((run_ours, run_hf) if i % 2 == 0 else (run_hf, run_ours)):
+        for name in names[i % len(names):] + names[: i % len(names)]:  # rotate the order every round
             start = time.perf_counter()
-            run()
-            times[run].append(time.perf_counter() - start)
-    t_ours, t_hf = statistics.median(times[run_ours]), statistics.median(times[run_hf])
+            runs[name]()
+            times[name].append(time.perf_counter() - start)
+    median = {name: statistics.median(t) for name, t in times.items()}
     print(f"greedy generation of {NEW_TOKENS} tokens after a {PROMPT}-token prompt, batch 1, GPT-2 small shape "
           f"({n_params:,} parameters, random weights), identical tokens; {torch.get_num_threads()} threads, "
           f"torch {torch.__version__}, transformers {transformers.__version__}; median of {args.rounds} rounds")
-    print(f"  tutorial_lib generate (KV cache) : {t_ours:6.2f} s  {NEW_TOKENS / t_ours:6.1f} tokens/s")
-    print(f"  transformers generate            : {t_hf:6.2f} s  {NEW_TOKENS / t_hf:6.1f} tokens/s")
-    print(f"  speed ratio (ours / transformers): {t_hf / t_ours:6.2f}   target >= 1.0")
+    for name, t in median.items():
+        print(f"  {name:<28}: {t:6.2f} s  {NEW_TOKENS / t:6.1f} tokens/s")
+    for name in names[:2]:
+        print(f"  {name} / transformers: {median[HF] / median[name]:6.2f}x speed   target >= 1.0")
+    print(f"  fast=True / modules: {median[names[0]] / median[names[1]]:6.2f}x speed")
     print(load())
 
 

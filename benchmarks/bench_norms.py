@@ -1,6 +1,6 @@
 """One call of each norm on the vectors of one decoding step, (1, d) with d = 128 (the tiny
 presets): ``F.layer_norm`` (GPT), torch's ``F.rms_norm`` (LLaMA through the modules) and
-``tutorial_lib.layers.rms_norm_steps`` (LLaMA in ``FastDecoder``: the same operations written
+``tutorial_lib.fast_decode.rms_norm_steps`` (LLaMA in ``FastDecoder``: the same operations written
 out, with the width and epsilon as tensors made once). The two RMSNorms are checked to give
 the same bits before anything is timed.
 
@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from _machine import load
 
-from tutorial_lib.layers import rms_norm_steps
+from tutorial_lib.fast_decode import rms_norm_steps
 
 D, EPS = 128, 1e-6
 

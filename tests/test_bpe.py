@@ -1,15 +1,18 @@
-"""tutorial_lib.bpe against independent tokenizers: tiktoken with OpenAI's cl100k_base and
-o200k_base rank files (shipped by bpe-openai), and Hugging Face `tokenizers` (trained here,
-saved to tokenizer.json). Nothing is downloaded."""
+"""tutorial_lib.bpe and its file formats (tutorial_lib.tokenizer_files) against independent
+tokenizers: tiktoken with OpenAI's cl100k_base and o200k_base rank files (shipped by
+bpe-openai), and Hugging Face `tokenizers` (trained here, saved to tokenizer.json). Nothing is
+downloaded."""
 
 import json
 import os
+import random
+from collections import Counter
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tutorial_lib import bpe
+from tutorial_lib import bpe, tokenizer_files
 from tutorial_lib.data import builtin_corpus
 
 STRESS = (
@@ -35,22 +38,22 @@ def corpus():
 def tiktoken_reference(name):
     """tiktoken's own encoding (its pattern, special tokens and loader), given only the rank file."""
     pytest.importorskip("tiktoken")
-    return bpe.tiktoken_encoding(name)
+    return tokenizer_files.tiktoken_encoding(name)
 
 
 @pytest.fixture(scope="module", params=["cl100k_base", "o200k_base"])
 def openai_pair(request):
     pytest.importorskip("bpe_openai")
-    return bpe.openai_encoding(request.param), tiktoken_reference(request.param)
+    return tokenizer_files.openai_encoding(request.param), tiktoken_reference(request.param)
 
 
 def test_our_copies_of_the_patterns_and_special_tokens_are_tiktokens(openai_pair, monkeypatch):
     ours, reference = openai_pair
-    pattern, specials, _ = bpe.OPENAI_ENCODINGS[ours.name]
+    pattern, specials, _ = tokenizer_files.OPENAI_ENCODINGS[ours.name]
     assert reference._pat_str == pattern, f"{ours.name}: our pattern differs from tiktoken's"
     assert reference._special_tokens == specials == ours.special_tokens, ours.name
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", "/nonexistent-cache")
-    bpe.tiktoken_encoding(ours.name)
+    tokenizer_files.tiktoken_encoding(ours.name)
     assert os.environ["TIKTOKEN_CACHE_DIR"] == "/nonexistent-cache", "the caller's cache setting is restored"
 
 
@@ -91,7 +94,7 @@ _CL100K = {}
 
 def _cl100k():
     if not _CL100K:
-        _CL100K["pair"] = (bpe.openai_encoding("cl100k_base"), tiktoken_reference("cl100k_base"))
+        _CL100K["pair"] = (tokenizer_files.openai_encoding("cl100k_base"), tiktoken_reference("cl100k_base"))
     return _CL100K["pair"]
 
 
@@ -107,6 +110,7 @@ def test_decoding_a_cut_multibyte_character_gives_the_replacement_character():
 
 
 def hf_trained(text, vocab_size, specials=()):
+    """tokenizers' BPE trainer on ``text`` (a string, or a list of documents trained on one by one)."""
     tokenizers = pytest.importorskip("tokenizers")
     from tokenizers import decoders, models, pre_tokenizers, trainers
 
@@ -115,7 +119,7 @@ def hf_trained(text, vocab_size, specials=()):
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   special_tokens=list(specials), show_progress=False)
-    tok.train_from_iterator([text], trainer)
+    tok.train_from_iterator([text] if isinstance(text, str) else text, trainer)
     return tok
 
 
@@ -130,7 +134,7 @@ def trained_pair(corpus, tmp_path_factory):
 
 def test_our_trainer_learns_the_same_merges_as_tokenizers_on_the_corpus(trained_pair):
     ours, _, path = trained_pair
-    loaded = bpe.BPETokenizer.from_tokenizer_json(path)
+    loaded = tokenizer_files.from_tokenizer_json(path)
     assert len(ours.merges) == 1000 - 256 and len(loaded.merges) == len(ours.merges)
     first_difference = next((i for i, (a, b) in enumerate(zip(ours.merges, loaded.merges)) if a != b), None)
     assert first_difference is None, f"merge {first_difference}: ours {ours.merges[first_difference]}, " \
@@ -140,7 +144,7 @@ def test_our_trainer_learns_the_same_merges_as_tokenizers_on_the_corpus(trained_
 
 def test_a_tokenizers_tokenizer_json_loads_with_identical_ids(trained_pair, corpus):
     ours, theirs, path = trained_pair
-    loaded = bpe.BPETokenizer.from_tokenizer_json(path)
+    loaded = tokenizer_files.from_tokenizer_json(path)
     for text in (corpus[:50_000], STRESS):
         expected = theirs.encode(text).ids
         assert loaded.encode(text) == expected, "tokenizer.json loaded into ours encodes differently"
@@ -174,7 +178,7 @@ def tokenizer_json_variant(trained_pair, tmp_path, pre_tokenizer, normalizer=Non
     tok.add_special_tokens(["<|im_start|>", "<|im_end|>"])
     out = tmp_path / "variant.json"
     tok.save(str(out))
-    return tok, bpe.BPETokenizer.from_tokenizer_json(out)
+    return tok, tokenizer_files.from_tokenizer_json(out)
 
 
 QWEN2_SPLIT = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"""
@@ -211,10 +215,10 @@ def test_saved_gpt2_files_load_into_tokenizers_and_back_with_identical_ids(tmp_p
     from tokenizers import models, pre_tokenizers
 
     ours = bpe.train_bpe(STRESS * 20, 400)
-    vocab_path, merges_path = ours.save_gpt2_files(tmp_path)
+    vocab_path, merges_path = tokenizer_files.save_gpt2_files(ours, tmp_path)
     theirs = tokenizers.Tokenizer(models.BPE.from_file(str(vocab_path), str(merges_path)))
     theirs.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    back = bpe.BPETokenizer.from_gpt2_files(vocab_path, merges_path)
+    back = tokenizer_files.from_gpt2_files(vocab_path, merges_path)
     assert back.encode(STRESS) == ours.encode(STRESS) == theirs.encode(STRESS).ids
     assert back.special_id("<|endoftext|>") == ours.special_id("<|endoftext|>") == 399
 
@@ -232,7 +236,7 @@ def test_other_kinds_of_tokenizer_json_are_refused_by_name(tmp_path):
         path = tmp_path / f"{kind}.json"
         tok.save(str(path))
         with pytest.raises(ValueError, match=kind):
-            bpe.BPETokenizer.from_tokenizer_json(path)
+            tokenizer_files.from_tokenizer_json(path)
 
 
 # ---- our trainer and encoder on small, hand-checked cases ----------------------------------------
@@ -287,10 +291,11 @@ def test_the_word_cache_returns_what_merging_returns(corpus):
 
 
 def test_byte_symbols_are_gpt2s():
-    symbols = bpe.byte_symbols()
+    symbols = tokenizer_files.byte_symbols()
     assert symbols[ord(" ")] == "Ġ" and symbols[ord("\n")] == "Ċ" and symbols[ord("a")] == "a"
     assert len(set(symbols)) == 256
-    assert bpe.symbols_to_bytes("Ġhello") == b" hello" and bpe.bytes_to_symbols(b" hi\n") == "ĠhiĊ"
+    assert tokenizer_files.symbols_to_bytes("Ġhello") == b" hello"
+    assert tokenizer_files.bytes_to_symbols(b" hi\n") == "ĠhiĊ"
 
 
 def test_bad_input_is_a_clear_value_error(tmp_path):
@@ -311,16 +316,152 @@ def test_bad_input_is_a_clear_value_error(tmp_path):
         bpe.merge_pair("12", (1, 2), 9)
     with pytest.raises(ValueError, match=r"piece_counts keys must be non-empty bytes, got 'ab' \(encode it"):
         bpe.learn_merges({"ab": 3}, 1)
-    with pytest.raises(ValueError, match="piece_counts values must be counts"):
+    with pytest.raises(ValueError, match=r"piece_counts\[b'ab'\] must be a positive int \(an int >= 1; how often"):
         bpe.learn_merges({b"ab": 0}, 1)
     with pytest.raises(ValueError, match="unknown_id must be an id of this tokenizer"):
         bpe.BPETokenizer({b"a": 0}, unknown_id=5)
     with pytest.raises(ValueError, match="not byte-level"):
-        bpe.symbols_to_bytes("▁a")
+        tokenizer_files.symbols_to_bytes("▁a")
     with pytest.raises(ValueError, match="capturing groups"):
         bpe.BPETokenizer(tok.vocab, patterns=r"(\w+)")
     with pytest.raises(ValueError, match="cl100k_base"):
-        bpe.openai_encoding("p50k_base")
+        tokenizer_files.openai_encoding("p50k_base")
     (tmp_path / "bad.tiktoken").write_text("not-base64!! x\n")
     with pytest.raises(ValueError, match="line 1"):
-        bpe.load_tiktoken_ranks(tmp_path / "bad.tiktoken")
+        tokenizer_files.load_tiktoken_ranks(tmp_path / "bad.tiktoken")
+
+
+# ---- training on documents joined by a special token -------------------------------------------
+
+
+def test_training_on_documents_joined_by_a_special_token_learns_from_the_documents_alone(corpus, tmp_path):
+    docs = [corpus[i:i + 2500] for i in range(0, 50_000, 2500)]
+    joined = "<|endoftext|>".join(docs)
+    ours = bpe.train_bpe(joined, 400)
+    one_by_one = sum((bpe.count_pieces(doc) for doc in docs), Counter())
+    assert ours.merges == [m.pair for m in bpe.learn_merges(one_by_one, 400 - 256 - 1)], (
+        "documents joined with <|endoftext|> must teach what the documents teach one by one")
+    # tokenizers' trainer, given the documents one by one, is the reference: given the joined text
+    # it does not cut out its special tokens (it learns merges of "<|" and "endoftext")
+    theirs = hf_trained(docs, 400, specials=("<|endoftext|>",))
+    theirs.save(str(tmp_path / "tokenizer.json"))
+    assert ours.merges == tokenizer_files.from_tokenizer_json(tmp_path / "tokenizer.json").merges
+
+
+def test_no_merge_holds_a_byte_of_the_special_token_that_joins_the_documents():
+    docs = ["the cat sat on the mat", "a dog ran to the log", "the end of it"] * 40  # no x, _, <, | or >
+    for special in ("<|endoftext|>", "<|im_end|>"):
+        tok = bpe.train_bpe(special.join(docs), 300, special_tokens=(special,))
+        learned = [a + b for a, b in tok.merges]
+        assert learned and not [t for t in learned if set(t) & set(b"x_<|>")], f"{special}: merges {learned}"
+        one_by_one = sum((bpe.count_pieces(doc) for doc in docs), Counter())
+        assert tok.merges == [m.pair for m in bpe.learn_merges(one_by_one, len(tok.merges))]
+    ids = tok.encode("the end<|im_end|>", allowed_special="all")
+    assert ids[-1] == tok.special_id("<|im_end|>") and tok.decode(ids) == "the end<|im_end|>"
+    with pytest.raises(ValueError, match="special_tokens must be a list of non-empty strings"):
+        bpe.count_pieces("a b", special_tokens="<|endoftext|>")
+
+
+# ---- encode_iterable: a large text piece by piece, the ids of encode ----------------------------
+
+# Atoms of the texts hypothesis builds: every kind of character the patterns treat apart, runs of
+# whitespace that a line end may cut, combining marks that normalization joins to the letter
+# before them, and special tokens: two that hold a line end, two that begin with another.
+ATOMS = [" ", "  ", "\n", "\n\n", "\r\n", "\t", "\u00a0", "\u3000", "\x1c", "a", "Z", "word", "é", "e\u0301",
+         "\u0301", "ﬁ", "東京", "😀", "1", "2024", "٣", "'s", "'", "s", ".", "!", "/", "(", "-", "_", "!\n", " \n",
+         "\n/", "\n ",
+         "<|endoftext|>", "<|endoftext|>\n", "<|im_end|>", "\n<|im_end|>", "<|", "|>", "<|im_"]
+SPECIALS = ("<|endoftext|>", "<|endoftext|>\n", "<|im_end|>", "\n<|im_end|>")
+_STREAMING = {}
+
+
+def streaming_tokenizer(name):
+    """A tokenizer for each pattern encode_iterable knows and each path around them. Most use
+    cl100k_base's rank table, whose 100,000 tokens (runs of spaces and line breaks among them)
+    turn a piece cut in the wrong place into other ids; one uses a merge list."""
+    if name not in _STREAMING:
+        if name == "gpt2 merges":
+            _STREAMING[name] = bpe.train_bpe(builtin_corpus()[:30_000], 400, special_tokens=SPECIALS)
+        elif name in ("cl100k_base", "o200k_base"):
+            pytest.importorskip("bpe_openai")
+            _STREAMING[name] = tokenizer_files.openai_encoding(name)
+        else:
+            ranks = streaming_tokenizer("cl100k_base").vocab
+            options = {
+                "gpt2": dict(patterns=bpe.GPT2_PATTERN),
+                "smollm2 (digits, then gpt2)": dict(patterns=(bpe.DIGIT_PATTERN, bpe.GPT2_PATTERN)),
+                "digit runs, nfc, prefix space": dict(patterns=(bpe.DIGITS_PATTERN, bpe.GPT2_PATTERN),
+                                                      normalization="NFC", prefix_space=True),
+                "nfkc": dict(patterns=bpe.GPT2_PATTERN, normalization="NFKC"),
+                "cl100k": dict(patterns=bpe.CL100K_PATTERN),
+                "o200k": dict(patterns=bpe.O200K_PATTERN),
+            }[name]
+            specials = {token: 100_300 + k for k, token in enumerate(SPECIALS)}
+            _STREAMING[name] = bpe.BPETokenizer(ranks, special_tokens=specials, name=name, **options)
+    return _STREAMING[name]
+
+
+STREAMING_NAMES = ["gpt2 merges", "gpt2", "smollm2 (digits, then gpt2)", "digit runs, nfc, prefix space", "nfkc",
+                   "cl100k", "o200k", "cl100k_base", "o200k_base"]
+
+
+def split_at(text, cuts):
+    cuts = sorted({min(c, len(text)) for c in cuts})
+    return [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
+
+
+@pytest.mark.parametrize("name", STREAMING_NAMES)
+@settings(max_examples=300, deadline=None)
+@given(atoms=st.lists(st.sampled_from(ATOMS), max_size=40), cuts=st.lists(st.integers(0, 200), max_size=12),
+       allowed=st.sampled_from([(), "all", ("<|im_end|>",), ("\n<|im_end|>", "<|endoftext|>"), ("<|endoftext|>\n",)]))
+def test_encode_iterable_gives_encodes_ids_for_any_split_of_the_text(name, atoms, cuts, allowed):
+    tok = streaming_tokenizer(name)
+    if allowed not in ((), "all") and not set(allowed) <= set(tok.special_tokens):
+        allowed = "all"
+    text = "".join(atoms)
+    lines = split_at(text, cuts)
+    assert list(tok.encode_iterable(lines, allowed_special=allowed)) == tok.encode(text, allowed_special=allowed), (
+        f"{name}: {lines!r}")
+
+
+@pytest.mark.parametrize("name", ["gpt2 merges", "smollm2 (digits, then gpt2)", "cl100k_base"])
+def test_encode_iterable_on_the_corpus_gives_encodes_ids_and_holds_only_a_tail(name, corpus):
+    tok = streaming_tokenizer(name)
+    expected = tok.encode(corpus)
+    rng = random.Random(0)
+    chunks = split_at(corpus, [rng.randrange(len(corpus)) for _ in range(3000)])
+    assert list(tok.encode_iterable(chunks)) == expected, "chunks cut at random"
+    read, written, most_held = 0, 0, 0
+
+    def lines():  # counts the bytes handed over
+        nonlocal read
+        for line in corpus.splitlines(keepends=True):
+            read += len(line.encode())
+            yield line
+
+    ids = []
+    for i in tok.encode_iterable(lines()):
+        ids.append(i)
+        written += len(tok.token_bytes(i))
+        most_held = max(most_held, read - written)
+    assert ids == expected, "the corpus line by line"
+    longest_line = max(len(line.encode()) for line in corpus.splitlines())
+    assert most_held <= longest_line + 200, (
+        f"held up to {most_held} bytes of a {len(corpus):,}-character text: more than a line and a tail")
+
+
+def test_encode_iterable_refuses_what_it_cannot_cut_exactly_and_checks_its_arguments():
+    tok = streaming_tokenizer("gpt2 merges")
+    other = bpe.BPETokenizer(tok.vocab, merges=tok.merges, patterns=r"\w+|\W+")
+    with pytest.raises(ValueError, match="encode_iterable cuts text only where"):
+        other.encode_iterable(["a b"])
+    with pytest.raises(ValueError, match="one piece"):
+        bpe.BPETokenizer(tok.vocab, merges=tok.merges, patterns=()).encode_iterable(["a b"])
+    with pytest.raises(ValueError, match="for one string use encode"):
+        tok.encode_iterable("a b")
+    with pytest.raises(ValueError, match="not special tokens"):
+        tok.encode_iterable(["a"], allowed_special={"<|nope|>"})  # at the call, not at the first id
+    with pytest.raises(ValueError, match="open the file in text mode"):
+        list(tok.encode_iterable([b"a b\n"]))
+    with pytest.raises(ValueError, match="lone surrogate"):
+        list(tok.encode_iterable(["a \ud800 b"]))

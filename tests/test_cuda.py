@@ -74,10 +74,8 @@ def test_fast_decoder_steps_match_the_modules_on_the_gpu(flavour):
     model = DecoderOnlyLM(small(FLAVOURS[flavour])).to(CUDA).eval()
     prompt = torch.randint(0, 50, (2, 5), device=CUDA)
     assert fast_decoder(model) is not None
-    fast, fast_logits = generate(model, prompt, 20, return_logits=True)
-    handle = model.register_forward_hook(lambda *args: None)  # the module path
-    slow, slow_logits = generate(model, prompt, 20, return_logits=True)
-    handle.remove()
+    fast, fast_logits = generate(model, prompt, 20, return_logits=True, fast=True)
+    slow, slow_logits = generate(model, prompt, 20, return_logits=True)  # the default: the modules
     assert torch.equal(fast, slow), "FastDecoder and the modules chose different tokens on the GPU"
     # bit for bit on the CPU (tests/test_fast_decode.py); on a GPU a library may pick another
     # kernel for (B, d) than for (B, 1, d) inputs, so only float32 rounding is asked for here

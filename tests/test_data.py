@@ -149,7 +149,7 @@ def test_lm_batch_refuses_streams_too_short_and_bad_sizes():
         lm_batch(torch.arange(10), 2, 10)
     with pytest.raises(ValueError, match="1-D token stream"):
         lm_batch(torch.zeros(2, 50, dtype=torch.long), 2, 10)
-    with pytest.raises(ValueError, match="batch_size must be an int >= 1, got 0"):
+    with pytest.raises(ValueError, match=r"batch_size must be a positive int \(an int >= 1\), got 0"):
         lm_batch(torch.arange(50), 0, 10)
 
 

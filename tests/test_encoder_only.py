@@ -172,6 +172,34 @@ def test_frontend_and_classifier_validate_inputs():
         SequenceClassifier(CFG, 2, pad_id=PAD)(torch.tensor([[PAD, PAD]]))
 
 
+def test_each_model_reads_ids_and_labels_on_the_host_once_and_the_backbone_can_skip_it(monkeypatch):
+    import tutorial_lib.encoder_only
+    import tutorial_lib.layers
+
+    calls = []
+    for module in (tutorial_lib.encoder_only, tutorial_lib.layers):
+        def check(*ranges, original=module.check_id_values):
+            calls.append([r.name for r in ranges])
+            return original(*ranges)
+
+        monkeypatch.setattr(module, "check_id_values", check)
+    torch.manual_seed(0)
+    ids = torch.randint(MASK + 1, V, (2, 6))
+    MaskedLM(CFG)(ids, ids)
+    SequenceClassifier(CFG, 3)(ids, torch.tensor([0, 2]))
+    assert calls == [["ids", "labels"], ["inputs", "labels"]], calls
+    backbone = EncoderBackbone(CFG)
+    calls.clear()
+    backbone(ids, check_ids=False)
+    assert calls == [], "check_ids=False: the caller has checked the ids"
+    backbone(ids)
+    assert calls == [["ids"]]
+    with pytest.raises(ValueError, match=r"ids must hold ids in \[0, 39\] \(size 40\); it holds \[40\]"):
+        backbone(torch.tensor([[1, 40]]))
+    with pytest.raises(ValueError, match="ids must hold integer token ids"):
+        backbone(torch.zeros(1, 3))
+
+
 def test_mean_pooled_classifier_learns_a_counting_task():
     """Label: does token 3 occur more often than token 4? Padding of random length included."""
     cfg = ModelConfig(family="encoder", vocab_size=8, d_model=16, n_heads=2, n_layers=1, d_ff=32, max_len=12)

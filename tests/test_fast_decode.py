@@ -1,16 +1,18 @@
-"""FastDecoder: the cached decoding step without module calls gives the logits of the modules,
-bit for bit, for every kind of decoder-only block this package builds; a model with hooks or
-parts it does not know gets no fast decoder, and generate then runs the modules."""
+"""generate runs the model's own modules at every step by default, so hooks see every step;
+``generate(..., fast=True)`` runs the one-token steps through FastDecoder, whose logits are the
+modules' logits, bit for bit, for every kind of decoder-only block this package builds; a model
+with hooks or parts it does not know gets no fast decoder, and fast=True then says why."""
 
 import dataclasses
+import re
 
 import pytest
 import torch
 from torch import nn
 
-from tutorial_lib.attention import LayerKVCache, MultiHeadAttention
+from tutorial_lib.attention import MultiHeadAttention
 from tutorial_lib.config import GPT_TINY, LLAMA_TINY
-from tutorial_lib.fast_decode import FastDecoder, fast_decoder
+from tutorial_lib.fast_decode import FastDecoder, fast_decoder, rms_norm_steps, why_not_fast
 from tutorial_lib.gpt import DecoderOnlyLM
 from tutorial_lib.sampling import Sampler, generate
 
@@ -42,21 +44,14 @@ def model_of(cfg, seed: int = 0) -> DecoderOnlyLM:
 
 
 def both_paths(model, prompt, n, sampler=None, seed=None):
-    """generate's (ids, logits) through FastDecoder, then through the modules (a hook that does
-    nothing forces them); a sampling generator is made afresh from ``seed`` for each."""
-    def run():
+    """generate's (ids, logits) with fast=True (FastDecoder), then by default (the modules); a
+    sampling generator is made afresh from ``seed`` for each."""
+    def run(fast):
         extra = {} if sampler is None else {"sampler": sampler, "generator": torch.Generator().manual_seed(seed)}
-        return generate(model, prompt, n, return_logits=True, **extra)
+        return generate(model, prompt, n, return_logits=True, fast=fast, **extra)
 
     assert fast_decoder(model) is not None, "this model should get a fast decoder"
-    fast = run()
-    handle = model.register_forward_hook(lambda *args: None)
-    try:
-        assert fast_decoder(model) is None, "a hooked model must keep the module path"
-        slow = run()
-    finally:
-        handle.remove()
-    return fast, slow
+    return run(True), run(False)
 
 
 def assert_same(fast, slow, what):
@@ -96,26 +91,60 @@ def test_generate_matches_recomputing_across_a_window_refill():
     model = model_of(LLAMA)
     prompt = torch.randint(0, 50, (2, 30), generator=torch.Generator().manual_seed(3))
     sampler = Sampler(temperature=0.9, top_k=20)
-    cached = generate(model, prompt, 25, sampler=sampler, generator=torch.Generator().manual_seed(4),
-                      return_logits=True)  # 55 positions > max_len 40: the cache is refilled
     recomputed = generate(model, prompt, 25, sampler=sampler, generator=torch.Generator().manual_seed(4),
                           use_cache=False, return_logits=True)
-    assert torch.equal(cached[0], recomputed[0]), "cached and recomputed generation chose different tokens"
-    torch.testing.assert_close(cached[1], recomputed[1], atol=1e-5, rtol=1e-5)
+    for fast in (True, False):  # 55 positions > max_len 40: the cache is refilled
+        cached = generate(model, prompt, 25, sampler=sampler, generator=torch.Generator().manual_seed(4),
+                          fast=fast, return_logits=True)
+        assert torch.equal(cached[0], recomputed[0]), f"fast={fast}: cached and recomputed generation differ"
+        torch.testing.assert_close(cached[1], recomputed[1], atol=1e-5, rtol=1e-5)
 
 
-def test_a_hook_anywhere_sends_generate_through_the_modules():
+def test_by_default_every_step_runs_the_modules_and_their_hooks_fire(monkeypatch):
+    fast_steps, calls = [], []
+    step = FastDecoder.__call__
+    monkeypatch.setattr(FastDecoder, "__call__",
+                        lambda self, token, cache: fast_steps.append(1) or step(self, token, cache))
+    for cfg in (GPT, LLAMA):
+        model = model_of(cfg)
+        assert fast_decoder(model) is not None, "an unhooked model could run fast: the default must not"
+        calls.clear()
+        handles = [block.attn.register_forward_hook(lambda module, args, out: calls.append(tuple(args[0].shape)))
+                   for block in model.blocks]
+        generate(model, torch.zeros(2, 3, dtype=torch.long), 6)
+        for handle in handles:
+            handle.remove()
+        expected = [(2, 3, 32)] * 2 + [(2, 1, 32)] * 2 * 5  # the prompt, then five one-token steps, 2 layers
+        assert calls == expected, f"{cfg.norm}: the hooks on MultiHeadAttention must fire at every step, got {calls}"
+    assert fast_steps == [], f"by default no step may go through FastDecoder; {len(fast_steps)} did"
+
+
+def test_fast_true_refuses_a_hooked_model_and_says_where():
     model = model_of(GPT)
-    calls = []
-    handle = model.blocks[1].ffn.register_forward_hook(lambda module, args, out: calls.append(args[0].shape))
+    prompt = torch.zeros(1, 3, dtype=torch.long)
+    handle = model.blocks[1].ffn.register_forward_hook(lambda module, args, out: None)
     assert fast_decoder(model) is None, "a forward hook on one FFN must keep the module path"
-    generate(model, torch.zeros(1, 3, dtype=torch.long), 6)
-    assert calls == [(1, 3, 32)] + [(1, 1, 32)] * 5, "the hook must see the prompt and every one-token step"
+    with pytest.raises(ValueError, match=r"fast=True.*blocks\.1\.ffn has a forward hook"):
+        generate(model, prompt, 6, fast=True)
     handle.remove()
     assert fast_decoder(model) is not None, "without the hook the fast path is back"
     pre = model.embed.register_forward_pre_hook(lambda module, args: None)
-    assert fast_decoder(model) is None, "a pre-hook must keep the module path"
+    assert "embed has a forward hook or pre-hook" in why_not_fast(model), "a pre-hook must keep the module path"
     pre.remove()
+    assert why_not_fast(model) is None
+
+
+def test_fast_true_is_checked_at_the_boundary():
+    model = model_of(GPT)
+    prompt = torch.zeros(1, 3, dtype=torch.long)
+    with pytest.raises(ValueError, match="needs use_cache=True"):
+        generate(model, prompt, 4, fast=True, use_cache=False)
+    with pytest.raises(ValueError, match="fast must be True or False"):
+        generate(model, prompt, 4, fast=1)
+    model.train()  # generate runs in eval mode, so training mode is no reason to refuse
+    fast = generate(model, prompt, 4, fast=True)
+    assert model.training, "generate must restore training mode"
+    assert torch.equal(fast, generate(model, prompt, 4)), "fast=True and the modules chose different tokens"
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # Module.compile imports torch's compiler
@@ -136,7 +165,10 @@ def test_global_hooks_parametrizations_and_foreign_parts_get_no_fast_decoder(mon
         parent, _, name = place.rpartition(".")
         setattr(ablated.get_submodule(parent) if parent else ablated, name, part)
         assert fast_decoder(ablated.eval()) is None, place
+        assert why_not_fast(ablated).startswith(place), f"{place}: {why_not_fast(ablated)}"
         prompt = torch.zeros(1, 3, dtype=torch.long)
+        with pytest.raises(ValueError, match=f"fast=True.*{re.escape(place)}"):
+            generate(ablated, prompt, 4, fast=True)
         if place != "embed.positions":  # (an Identity cannot be called with positions: the modules fail too)
             generate(ablated, prompt, 4)  # runs through the modules
 
@@ -199,27 +231,27 @@ def test_a_post_ln_feed_forward_in_a_pre_ln_block_is_followed():
     assert_same(*both_paths(model, prompt, 8), "a post-LN FFN in a pre-LN block")
 
 
-def test_generate_takes_every_one_token_step_through_the_fast_decoder(monkeypatch):
+def test_fast_true_takes_every_one_token_step_through_the_fast_decoder(monkeypatch):
     calls = []
     step = FastDecoder.__call__
     monkeypatch.setattr(FastDecoder, "__call__", lambda self, token, cache: calls.append(1) or step(self, token, cache))
     model = model_of(LLAMA)
     generate(model, torch.zeros(2, 3, dtype=torch.long), 9)
+    assert calls == [], "by default every step goes through the modules"
+    generate(model, torch.zeros(2, 3, dtype=torch.long), 9, fast=True)
     assert len(calls) == 8, "the prompt goes through the modules, each later step through FastDecoder"
     calls.clear()
-    generate(model, torch.zeros(1, 35, dtype=torch.long), 9)  # max_len 40
+    generate(model, torch.zeros(1, 35, dtype=torch.long), 9, fast=True)  # max_len 40
     # the tokens at positions 35-39 go through FastDecoder; from then on the window is full and
     # every step refills the cache from the last 40 tokens through the modules
     assert len(calls) == 5, f"positions 35-39 through FastDecoder, the refills through the modules; got {len(calls)}"
 
 
-@pytest.mark.parametrize("capacity", [None, 3, 64])
-def test_append_one_makes_the_cache_that_append_makes(capacity):
-    # empty (first buffers), full (room doubles) and roomy caches
-    plain, fast = LayerKVCache(capacity), LayerKVCache(capacity)
-    for step in range(7):
-        k, v = torch.randn(2, 3, 1, 4), torch.randn(2, 3, 1, 4)
-        keys, values = plain.append(k, v)
-        fast_keys, fast_values = fast.append_one(k, v)
-        assert torch.equal(fast_keys, keys) and torch.equal(fast_values, values), f"step {step}: another cache"
-        assert len(fast) == len(plain) == step + 1, f"step {step}: lengths {len(fast)} and {len(plain)}"
+@pytest.mark.parametrize("scale", [1e-20, 1e-3, 1.0, 1e3])
+def test_rms_norm_steps_give_the_bits_of_torchs_rms_norm(scale):
+    # FastDecoder's RMSNorm: equal bit for bit, or its logits would differ from the modules'.
+    # A torch whose rms_norm computes differently (a fused CPU kernel) fails here first.
+    weight = torch.randn(96) * 2
+    x = torch.randn(500, 3, 96) * scale
+    width, eps = torch.tensor(96.0), torch.tensor(1e-6)
+    assert torch.equal(rms_norm_steps(x, weight, width, eps), torch.nn.functional.rms_norm(x, (96,), weight, 1e-6))

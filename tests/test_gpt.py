@@ -151,6 +151,41 @@ def test_model_refuses_contexts_longer_than_max_len_and_bad_ids():
         DecoderOnlyLM(ModelConfig(family="encoder"))
 
 
+def counting_value_checks(monkeypatch, *modules) -> list[list[str]]:
+    """Record the names checked by each call of check_id_values in these modules."""
+    calls = []
+    for module in modules:
+        original = module.check_id_values
+
+        def check(*ranges, original=original):
+            calls.append([r.name for r in ranges])
+            return original(*ranges)
+
+        monkeypatch.setattr(module, "check_id_values", check)
+    return calls
+
+
+def test_forward_reads_ids_and_targets_on_the_host_once(monkeypatch):
+    import tutorial_lib.gpt
+    import tutorial_lib.layers
+
+    calls = counting_value_checks(monkeypatch, tutorial_lib.gpt, tutorial_lib.layers)
+    model = build("gpt")
+    ids = torch.randint(0, 50, (2, 5))
+    model(ids, ids)
+    assert calls == [["ids", "targets"]], f"expected one check of ids and targets together, got {calls}"
+
+
+def test_check_ids_false_skips_the_checks_of_the_ids_only():
+    model = build("gpt")
+    ids = torch.randint(0, 50, (2, 5))
+    torch.testing.assert_close(model(ids, check_ids=False).logits, model(ids).logits, atol=0, rtol=0)
+    with pytest.raises(ValueError, match=r"targets must hold class ids in \[0, 49\]"):
+        model(ids, torch.full((2, 5), 50), check_ids=False)
+    with pytest.raises(ValueError, match="3-D mask"):
+        model(ids, mask=torch.ones(2, 5, 5, dtype=torch.bool), check_ids=False)
+
+
 @pytest.mark.parametrize("name", ["gpt", "llama"])
 def test_generated_ids_and_a_model_run_under_inference_mode_can_still_be_trained(name):
     """generate() runs under torch.inference_mode; what it returns and what the model keeps

@@ -1,5 +1,5 @@
-"""Gradient probes of notebook 04: per-layer gradient norms of matched pre-LN and post-LN stacks
-at initialisation, and the warmup / learning-rate sweep."""
+"""tutorial_lib.norm_order, the probes of notebook 04: per-layer gradient norms of matched pre-LN
+and post-LN stacks at initialisation, and the warmup / learning-rate sweep."""
 
 import math
 from dataclasses import replace
@@ -9,8 +9,7 @@ import torch
 from torch import nn
 
 from tutorial_lib.config import ModelConfig
-from tutorial_lib.positions import sinusoidal_table
-from tutorial_lib.probes import (
+from tutorial_lib.norm_order import (
     layer_gradient_norms,
     matched_stacks,
     norm_order_gradients,
@@ -18,6 +17,7 @@ from tutorial_lib.probes import (
     warmup_sweep,
     xavier_init,
 )
+from tutorial_lib.positions import sinusoidal_table
 
 CFG = ModelConfig(family="encoder", d_model=32, n_heads=4, n_layers=3, ffn="relu")
 
@@ -110,7 +110,7 @@ def test_probe_rejects_bad_inputs():
         layer_gradient_norms(pre, x, torch.randn(2, 3, 8))
     with pytest.raises(ValueError, match="no parameter 'ffn.w2'"):
         layer_gradient_norms(pre, x, x, parameter="ffn.w2")
-    with pytest.raises(ValueError, match="depths must be positive"):
+    with pytest.raises(ValueError, match=r"depths\[0\] must be a positive int \(an int >= 1\), got 0"):
         norm_order_gradients(CFG, depths=(0,))
 
 

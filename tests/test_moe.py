@@ -14,7 +14,7 @@ from tutorial_lib.config import LLAMA_TINY, ModelConfig
 from tutorial_lib.gpt import DecoderOnlyLM
 from tutorial_lib.layers import FeedForward
 from tutorial_lib.moe import MoEFeedForward, capture_routing, expert_counts, load_balancing_loss, route
-from tutorial_lib.params import count_parameters, expected_parameters, unique_parameter_count
+from tutorial_lib.params import count_parameters, counted, expected_parameters, unique_parameter_count
 from tutorial_lib.train import loss_with_aux, make_optimizer, train
 
 MOE = dataclasses.replace(LLAMA_TINY, vocab_size=40, d_model=16, n_layers=2, n_heads=2, n_kv_heads=1, d_ff=24,
@@ -175,6 +175,14 @@ def test_a_moe_model_trains_under_bf16_autocast():
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
 
 
+def test_the_block_checks_its_input_before_routing_it():
+    with pytest.raises(ValueError, match=r"x must be float vectors of shape \(B, T, d_model=16\), got torch.float32 "
+                                         r"\(2, 3, 8\)"):
+        moe_block()(torch.randn(2, 3, 8))
+    with pytest.raises(ValueError, match=r"x must be float vectors .* got torch.int64 \(2, 3, 16\)"):
+        moe_block()(torch.zeros(2, 3, 16, dtype=torch.long))
+
+
 def test_expert_counts_refuses_indices_outside_the_experts():
     assert expert_counts(torch.tensor([[0, 2], [2, 1]]), 4).tolist() == [1, 1, 2, 0]
     with pytest.raises(ValueError, match=r"must lie in \[0, 3\], got values from 0 to 4"):
@@ -313,7 +321,7 @@ def test_expected_equals_measured_for_moe_models_with_active(cfg):
 
 
 @pytest.mark.parametrize("changes,match", [
-    (dict(n_experts=-1), "n_experts must be an int >= 0"),
+    (dict(n_experts=-1), r"n_experts must be a non-negative int \(an int >= 0\), got -1"),
     (dict(n_experts=4, experts_per_token=5), r"experts_per_token must be an int in \[1, n_experts=4\], got 5"),
     (dict(n_experts=0, n_shared_experts=1), "n_shared_experts describe a mixture of experts, but n_experts=0"),
     (dict(n_experts=0, dense_layers=(0,)), "dense_layers describe a mixture of experts"),
@@ -322,16 +330,16 @@ def test_expected_equals_measured_for_moe_models_with_active(cfg):
     (dict(n_experts=4, dense_layers=(0, 1)), "leaves no mixture of experts"),
     (dict(n_experts=4, dense_layers="0"), "dense_layers must be a tuple of layer indices"),
     (dict(n_experts=4, shared_expert_gate=True), "shared_expert_gate scales the shared experts"),
-    (dict(n_experts=4, expert_d_ff=0), "expert_d_ff must be a positive int or None"),
+    (dict(n_experts=4, expert_d_ff=0), r"expert_d_ff must be a positive int \(an int >= 1\) or None, got 0"),
     (dict(n_experts=4, family="encoder"), "mixtures of experts are built for decoder-only models"),
     (dict(q_lora_rank=8), "give kv_lora_rank as well"),
-    (dict(kv_lora_rank=8, rope_head_dim=3), "rope_head_dim must be an even int >= 0"),
+    (dict(kv_lora_rank=8, rope_head_dim=3), r"rope_head_dim must be even \(RoPE rotates pairs of dimensions\), got 3"),
     (dict(kv_lora_rank=8, n_kv_heads=1), "leave n_kv_heads unset"),
     (dict(kv_lora_rank=8, positions="learned"), "positions='rope'"),
 ])
 def test_config_refuses_inconsistent_expert_and_latent_attention_fields(changes, match):
     with pytest.raises(ValueError, match=match):
-        dataclasses.replace(MOE, **changes)
+        dataclasses.replace(counted(MOE), **changes)  # latent attention: fields of the counting config
 
 
 def test_dense_layers_read_from_json_become_a_tuple_and_unbuilt_attention_is_refused():
@@ -339,4 +347,4 @@ def test_dense_layers_read_from_json_become_a_tuple_and_unbuilt_attention_is_ref
     assert cfg.dense_layers == (1,) and cfg.moe_layers == (0,) and hash(cfg)
     for changes, match in ((dict(qk_norm=True), "qk_norm=True"), (dict(kv_lora_rank=8, n_kv_heads=None), "latent")):
         with pytest.raises(ValueError, match=match):
-            DecoderOnlyLM(dataclasses.replace(MOE, **changes))
+            DecoderOnlyLM(dataclasses.replace(counted(MOE), **changes))

@@ -16,10 +16,13 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from tutorial_lib import config as C
-from tutorial_lib.config import ModelConfig, from_hf_config
+from tutorial_lib import params as P
+from tutorial_lib.config import ModelConfig
 from tutorial_lib.gpt import DecoderOnlyLM
+from tutorial_lib.hf_config import from_hf_config
 from tutorial_lib.layers import Embeddings, TransformerBlock
 from tutorial_lib.params import (
+    CountedConfig,
     block_parameters,
     count_parameters,
     expected_parameters,
@@ -210,9 +213,8 @@ def test_presets_are_what_the_published_configs_say():
     assert from_hf_config(LLAMA2_13B) == C.LLAMA2_13B
     assert from_hf_config(LLAMA2_70B) == C.LLAMA2_70B
     assert from_hf_config(MISTRAL_7B) == C.MISTRAL_7B
-    assert from_hf_config(BERT_BASE) == C.BERT_BASE
+    assert from_hf_config(BERT_BASE) == P.BERT_BASE
     assert from_hf_config(T5_SMALL) == C.T5_SMALL
-    assert ModelConfig.from_hf(LLAMA2_7B) == C.LLAMA2_7B
 
 
 def test_what_each_family_member_is_read_as():
@@ -220,10 +222,10 @@ def test_what_each_family_member_is_read_as():
     assert (qwen.uses_bias("qkv"), qwen.uses_bias("out"), qwen.uses_bias("ffn")) == (True, False, False)
     assert qwen.tie_embeddings and qwen.kv_heads == 2 and qwen.rope_base == 1e6
     gemma = from_hf_config(GEMMA_7B)
-    assert gemma.d_k == 256 and gemma.n_heads * gemma.d_k == 4096 != gemma.d_model
+    assert gemma.head_dim == 256 and gemma.n_heads * gemma.head_dim == 4096 != gemma.d_model
     assert gemma.ffn == "geglu_tanh" and gemma.scale_embeddings and gemma.tie_embeddings
     llama3 = from_hf_config(LLAMA3_2_1B)
-    assert llama3.head_dim is None and llama3.d_k == 64 and llama3.rope_base == 500000.0
+    assert llama3.head_dim == 64 and llama3.to_dict()["head_dim"] is None and llama3.rope_base == 500000.0
     t5 = from_hf_config(T5_V1_1_SMALL)
     assert t5.ffn == "geglu_tanh" and not t5.tie_embeddings and t5.share_embeddings and t5.decoder_layers == 8
 
@@ -384,13 +386,17 @@ def test_expected_parameters_allocates_almost_nothing_for_a_70b_config():
 
 def test_models_refuse_parts_they_do_not_build():
     with pytest.raises(ValueError, match="token-type table"):
-        Embeddings(C.BERT_BASE)
+        Embeddings(P.BERT_BASE)
     with pytest.raises(ValueError, match="BERT's dense"):
-        Encoder(ModelConfig(family="encoder", pooler=True))
+        Encoder(CountedConfig(family="encoder", pooler=True))
     with pytest.raises(ValueError, match="family='encoder'"):
-        ModelConfig(pooler=True)
-    with pytest.raises(ValueError, match="type_vocab_size must be an int >= 0"):
-        ModelConfig(family="encoder", type_vocab_size=-1)
+        CountedConfig(pooler=True)
+    with pytest.raises(ValueError, match=r"type_vocab_size must be a non-negative int \(an int >= 0\), got -1"):
+        CountedConfig(family="encoder", type_vocab_size=-1)
+    with pytest.raises(TypeError, match="pooler"):
+        ModelConfig(family="encoder", pooler=True)  # the config a model is built from has no such field
+    encoder = CountedConfig(family="encoder", d_model=16, n_heads=2, vocab_size=11, max_len=8)
+    assert Encoder(encoder).cfg == encoder, "a CountedConfig that asks for no unbuilt part builds"
 
 
 # ---- memory ---------------------------------------------------------------------------------
@@ -418,7 +424,7 @@ def test_kv_cache_bytes_by_hand():
     assert kv_cache_bytes(C.LLAMA2_70B, 8, 1024, "fp32") == 4 * kv_cache_bytes(C.LLAMA2_70B, 1, 4096, "bf16")
     t5 = kv_cache_bytes(C.T5_SMALL, 2, 10, "fp32", source_len=30)
     assert t5 == 6 * 2 * (10 + 30) * 2 * 8 * 64 * 4
-    for args, match in (((C.BERT_BASE, 1, 8), "keeps no KV cache"), ((C.LLAMA2_7B, 1, 4097), "longer than"),
+    for args, match in (((P.BERT_BASE, 1, 8), "keeps no KV cache"), ((C.LLAMA2_7B, 1, 4097), "longer than"),
                         ((C.T5_SMALL, 1, 8), "give source_len"), ((C.LLAMA2_7B, 0, 8), "batch must be")):
         with pytest.raises(ValueError, match=match):
             kv_cache_bytes(*args)
@@ -567,7 +573,7 @@ def test_calculator_figure_shows_the_computed_memory_and_flops():
                                      flops["attention"] / 1e9, 3 * flops["attention"] / 1e9])
     assert "68,976,648,192 parameters" in fig._suptitle.get_text()
     assert all(ax.get_xlabel() and ax.get_ylabel() and ax.get_title() for ax in fig.axes)
-    bert = render_memory_calculator(C.BERT_BASE, name="BERT")
+    bert = render_memory_calculator(P.BERT_BASE, name="BERT")
     assert any("keeps no cache" in t.get_text() for t in bert.axes[0].texts)
     t5 = render_memory_calculator(C.T5_SMALL, name="T5", seq_len=64)
     assert any("not defined" in t.get_text() for t in t5.axes[1].texts)

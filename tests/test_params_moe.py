@@ -10,7 +10,8 @@ import pytest
 from test_params import hf_model
 
 from tutorial_lib import config as C
-from tutorial_lib.config import from_hf_config
+from tutorial_lib import params as P
+from tutorial_lib.hf_config import from_hf_config
 from tutorial_lib.params import (
     GiB,
     active_parameters,
@@ -272,8 +273,10 @@ def test_latent_attention_caches_the_latent_and_one_rotary_key():
 
 def test_presets_are_what_the_published_configs_say():
     assert from_hf_config(MIXTRAL_8X7B) == C.MIXTRAL_8X7B
-    assert from_hf_config(QWEN3_30B_A3B) == C.QWEN3_30B_A3B
-    assert from_hf_config(DEEPSEEK_V3) == C.DEEPSEEK_V3
+    assert from_hf_config(QWEN3_30B_A3B) == P.QWEN3_30B_A3B
+    assert from_hf_config(DEEPSEEK_V3) == P.DEEPSEEK_V3
+    assert type(from_hf_config(MIXTRAL_8X7B)) is C.ModelConfig, "a model with no counted-only part: a ModelConfig"
+    assert type(P.QWEN3_30B_A3B) is type(P.DEEPSEEK_V3) is P.CountedConfig, "query/key norms, latent attention"
 
 
 def test_what_each_family_is_read_as():
@@ -285,7 +288,7 @@ def test_what_each_family_is_read_as():
     assert qwen.uses_bias("qkv") and not qwen.uses_bias("out") and qwen.moe_layers == tuple(range(24))
     v2 = from_hf_config(DEEPSEEK_V2)
     assert v2.dense_layers == (0,) and v2.n_shared_experts == 2 and v2.shared_dim == 1536 and not v2.renormalise_topk
-    assert v2.latent_attention and (v2.d_k, v2.rope_head_dim, v2.value_dim) == (128, 64, 128)
+    assert v2.latent_attention and (v2.head_dim, v2.rope_head_dim, v2.v_head_dim) == (128, 64, 128)
     assert from_hf_config(DEEPSEEK_V2_LITE).q_lora_rank is None
 
 

@@ -7,8 +7,9 @@ import json
 import pytest
 import torch
 
-from tutorial_lib import bpe, pretrained
-from tutorial_lib.convert import decoder_config, from_hf_model
+from tutorial_lib import bpe, pretrained, tokenizer_files
+from tutorial_lib.convert import from_hf_model
+from tutorial_lib.hf_config import VERDICTS, decoder_config, from_hf_config
 from tutorial_lib.sampling import generate
 
 transformers = pytest.importorskip("transformers")
@@ -134,7 +135,7 @@ def test_the_folders_tokenizer_comes_back(tmp_path):
     trained = bpe.train_bpe("the cat sat on the mat; the dog sat on the log. " * 20, 280)
     transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=trained.vocab_size, n_positions=32, n_embd=16,
                                                          n_layer=1, n_head=2)).save_pretrained(tmp_path)
-    trained.save_gpt2_files(tmp_path)
+    tokenizer_files.save_gpt2_files(trained, tmp_path)
     loaded = pretrained.load_pretrained(tmp_path)
     text = "the dog sat on the cat<|endoftext|>"
     assert loaded.tokenizer is not None and loaded.tokenizer.encode(text) == trained.encode(text)
@@ -191,6 +192,49 @@ def test_configs_that_change_the_computation_are_refused():
     assert decoder_config(mistral).max_len == 64, "an active sliding window of 64 becomes the context limit"
     qwen = family_config("qwen2").to_dict() | {"sliding_window": 32, "use_sliding_window": False}
     assert decoder_config(qwen).max_len == 96, "an unused sliding window changes nothing"
+
+
+def edit_config(folder, **changes):
+    """config.json of a saved checkpoint with fields added or replaced (``None`` removes one)."""
+    path = folder / "config.json"
+    config = json.loads(path.read_text(encoding="utf-8"))
+    for key, value in changes.items():
+        config.pop(key) if value is None else config.__setitem__(key, value)
+    path.write_text(json.dumps(config), encoding="utf-8")
+    return config
+
+
+def test_a_metadata_field_never_seen_loads_with_a_warning_but_is_refused_for_counting(tmp_path):
+    hf = save_tiny("llama", tmp_path)
+    js_config = {"kv_cache_dtype": {"q4f16": "float16", "fp16": "float16"}}  # as SmolLM2's config.json carries
+    config = edit_config(tmp_path, **{"transformers.js_config": js_config})
+    with pytest.warns(UserWarning, match=r"has not seen: transformers\.js_config\. They are taken as metadata"):
+        loaded = pretrained.load_pretrained(tmp_path)
+    ids = torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.model(ids).logits, hf(ids).logits, atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match=r"does not know: \['transformers.js_config'\]"):
+        from_hf_config(config)  # counting stays strict: it cannot check a count against weights
+    edit_config(tmp_path, **{"transformers.js_config": None, "rope_interleaved": True})
+    with pytest.raises(ValueError, match="rope_interleaved"):
+        pretrained.load_pretrained(tmp_path)  # a field that changes the computation is refused, not warned about
+
+
+def test_linear_rope_scaling_is_counted_but_refused_for_loading_with_the_reason_of_the_one_table(tmp_path):
+    from tutorial_lib.params import expected_parameters
+
+    save_tiny("llama", tmp_path)
+    config = edit_config(tmp_path, rope_scaling={"type": "linear", "factor": 2.0})
+    plain = {key: value for key, value in config.items() if key != "rope_scaling"}
+    assert expected_parameters(from_hf_config(config)) == expected_parameters(from_hf_config(plain)), \
+        "counting: RoPE scaling changes no parameter"
+    verdict = VERDICTS["rope_scaling"]
+    for load in (lambda: decoder_config(config), lambda: pretrained.load_pretrained(tmp_path)):
+        with pytest.raises(ValueError) as refused:
+            load()
+        message = str(refused.value)
+        assert "rope_scaling={'type': 'linear', 'factor': 2.0}" in message, message
+        assert verdict.loading in message and verdict.counting in message, "both reasons, from the one table"
 
 
 def test_bad_sources_and_dtypes_are_value_errors(tmp_path):

@@ -113,10 +113,11 @@ def test_probes_refuse_a_model_in_training_mode_with_dropout():
 
 
 @pytest.mark.parametrize("bad, message", [
-    (lambda m: causal_leakage(m, torch.rand(2, T)), r"integer tensor of shape \(B, T\)"),
+    (lambda m: causal_leakage(m, torch.rand(2, T)), "ids must hold integer token ids, got dtype torch.float32"),
     (lambda m: causal_leakage(m, torch.zeros(2, 1, dtype=torch.long)), "at least 2 positions"),
-    (lambda m: causal_leakage(m, ids_batch(), vocab_size=5), r"ids must lie in \[0, vocab_size=5\)"),
-    (lambda m: causal_leakage(m, ids_batch(), positions=[T - 1]), "positions must be ints"),
+    (lambda m: causal_leakage(m, ids_batch(), vocab_size=5), r"ids must hold ids in \[0, 4\] \(size 5\)"),
+    (lambda m: causal_leakage(m, ids_batch(), positions=[T - 1]),
+     rf"positions\[0\] must be an int in \[0, T-1={T - 1}\) \(something must come after them\), got {T - 1}"),
     (lambda m: causal_leakage(lambda ids: m(ids)[:, 0], ids_batch()), r"outputs \(B, T, ...\)"),
     (lambda m: padding_isolation(m, ids_batch(), torch.zeros(3, T)), "pad_positions must be a boolean"),
     (lambda m: padding_isolation(m, ids_batch(), torch.zeros(3, T, dtype=torch.bool)), "no padding"),

@@ -116,7 +116,7 @@ def test_bad_bucket_sizes_and_inputs_are_refused():
         relative_position_bucket(torch.zeros(3), bidirectional=True)
     with pytest.raises(ValueError, match="T <= S"):
         RelativePositionBias(2, bidirectional=True)(5, 3)
-    with pytest.raises(ValueError, match="n_heads must be an int"):
+    with pytest.raises(ValueError, match=r"n_heads must be a positive int \(an int >= 1\)"):
         RelativePositionBias(0, bidirectional=True)
 
 

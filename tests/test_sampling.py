@@ -35,7 +35,7 @@ def test_temperature_must_be_a_positive_finite_number(temperature):
 
 @pytest.mark.parametrize("k", [0, -3, 2.0, True, "5"])
 def test_top_k_must_be_an_int_of_at_least_one(k):
-    with pytest.raises(ValueError, match="top_k must be an int >= 1"):
+    with pytest.raises(ValueError, match=r"top_k must be a positive int \(an int >= 1\)"):
         Sampler(top_k=k)
     with pytest.raises(ValueError, match="k >= 1"):
         top_k_filter(torch.zeros(5), k)

@@ -14,11 +14,12 @@ import regex
 import torch
 
 from tutorial_lib import pretrained
-from tutorial_lib.bpe import render_chat, symbols_to_bytes
+from tutorial_lib.chat import render_chat
 from tutorial_lib.data import builtin_corpus
 from tutorial_lib.params import count_parameters, expected_parameters
 from tutorial_lib.positions import half_split_to_interleaved, interleaved_to_half_split
 from tutorial_lib.sampling import chat, generate
+from tutorial_lib.tokenizer_files import from_tokenizer_json, symbols_to_bytes
 
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
@@ -422,11 +423,9 @@ def test_smollm2s_tokenizer_json_loads_with_the_same_ids(reference, ours, tmp_pa
     """The online path (load_pretrained of the Hub's safetensors release) reads SmolLM2's
     tokenizer.json: the same vocabulary, merges and pre-tokenizer saved in that format by
     `tokenizers` load into BPETokenizer despite the 21 missing bytes, with the reference's ids."""
-    from tutorial_lib.bpe import BPETokenizer
-
     path = tmp_path / "tokenizer.json"
     reference.save(str(path))
-    loaded = BPETokenizer.from_tokenizer_json(path)
+    loaded = from_tokenizer_json(path)
     assert loaded.missing_bytes == ours.tokenizer.missing_bytes == frozenset(MISSING_BYTES), "the same missing bytes"
     text = STRESS_TEXT + builtin_corpus()[:20_000]
     assert loaded.encode(text) == reference_ids(reference, text) == ours.tokenizer.encode(text), \

@@ -73,7 +73,7 @@ def test_inverse_sqrt_schedule_matches_the_papers_formula_through_lambdalr():
 def test_inverse_sqrt_schedule_hand_values_and_validation():
     f = inverse_sqrt_schedule(4)
     assert [f(k) for k in (0, 1, 3, 15, 63)] == [0.25, 0.5, 1.0, 0.5, 0.25]
-    with pytest.raises(ValueError, match="warmup_steps must be an int >= 1, got 0"):
+    with pytest.raises(ValueError, match=r"warmup_steps must be a positive int \(an int >= 1\), got 0"):
         inverse_sqrt_schedule(0)
 
 
@@ -94,7 +94,7 @@ def test_warmup_cosine_schedule_hand_values_and_validation():
 def test_constant_schedule():
     assert [constant_schedule(4)(k) for k in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
     assert constant_schedule()(0) == 1.0
-    with pytest.raises(ValueError, match="warmup_steps must be an int >= 0, got -1"):
+    with pytest.raises(ValueError, match=r"warmup_steps must be a non-negative int \(an int >= 0\), got -1"):
         constant_schedule(-1)
 
 

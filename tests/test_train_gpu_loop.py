@@ -13,6 +13,7 @@ from test_train import fixed_batches as batches
 from test_train import tiny_model
 from torch import nn
 
+from tutorial_lib import gpu_loop as gpu_module
 from tutorial_lib import train as train_module
 from tutorial_lib.train import NonFiniteError, param_groups, train, warmup_cosine_schedule
 
@@ -24,7 +25,7 @@ def fused_adamw(model, lr=1e-2):
 @contextlib.contextmanager
 def gpu_loop(on: bool):
     """Force the choice of loop: the GPU one (numbers read back every few steps) or the step-by-step one."""
-    with mock.patch.object(train_module, "_reads_back_rarely", return_value=on):
+    with mock.patch.object(gpu_module, "reads_back_rarely", return_value=on):
         yield
 
 
@@ -157,10 +158,10 @@ def test_only_a_cuda_run_with_a_fused_optimizer_and_no_callbacks_reads_back_rare
     model = tiny_model()
     fused, plain = fused_adamw(model), torch.optim.AdamW(model.parameters())
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
-    assert train_module._reads_back_rarely(cuda, fused, [])
-    assert not train_module._reads_back_rarely(cpu, fused, [])
-    assert not train_module._reads_back_rarely(cuda, plain, []), "a plain AdamW cannot skip an update on the GPU"
-    assert not train_module._reads_back_rarely(cuda, fused, [print]), "callbacks read every step's numbers"
+    assert gpu_module.reads_back_rarely(cuda, fused, [])
+    assert not gpu_module.reads_back_rarely(cpu, fused, [])
+    assert not gpu_module.reads_back_rarely(cuda, plain, []), "a plain AdamW cannot skip an update on the GPU"
+    assert not gpu_module.reads_back_rarely(cuda, fused, [print]), "callbacks read every step's numbers"
 
 
 def test_with_a_gradient_scaler_an_overflowed_step_is_skipped_on_the_device_and_logged():
@@ -174,12 +175,14 @@ def test_with_a_gradient_scaler_an_overflowed_step_is_skipped_on_the_device_and_
     history = train_module.History()
     ctx = train_module._Context(model, lambda m, b: m(b).sum(), "fp32", torch.device("cpu"), 1, scaler, history)
     named = list(model.named_parameters())
+    loss_of = lambda batch: model(batch).sum()
     healthy = torch.ones((), dtype=torch.bool)
     huge, normal = torch.full((2, 4), 1e34), torch.randn(2, 4)  # 1e34 * 2**16 overflows float32
     before = [p.detach().clone() for p in model.parameters()]
     pending = []
     for step, batch in enumerate((huge, normal)):
-        done, healthy = train_module._step_on_device(ctx, step, lambda i, b=batch: b, optimizer, named, None, healthy)
+        done, healthy = gpu_module.step_on_device(loss_of, lambda i, b=batch: b, step, optimizer, named, healthy,
+                                                  accumulation_steps=1, clip_norm=None, scaler=scaler)
         pending.append(done)
         if step == 0:
             assert all(torch.equal(a, p) for a, p in zip(before, model.parameters())), "the overflowed step updated"

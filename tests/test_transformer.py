@@ -110,3 +110,30 @@ def test_bad_configs_and_inputs_raise():
         model(src, tgt, tgt[:, :-1])
     with pytest.raises(ValueError, match=r"tgt_in must hold ids in \[0, 12\] \(size 13\); it holds \[23, 26"):
         model(src, tgt + 20)
+
+
+def test_the_stacks_check_their_inputs_before_computing():
+    model, src, tgt = model_and_batch()
+    memory = model.encode(src).x  # (2, 6, 32)
+    with pytest.raises(ValueError, match=r"x must be float vectors of shape \(B, T, d_model=32\), got list"):
+        model.encoder([[0.0] * 32])
+    with pytest.raises(ValueError, match=r"x must be float vectors .* got torch.int64 \(2, 6\)"):
+        model.encoder(src)
+    with pytest.raises(ValueError, match=r"memory must be float vectors .*d_model=32\), got torch.float32 \(2, 6, 8\)"):
+        model.decoder(torch.randn(2, 5, 32), memory[..., :8])
+
+
+def test_forward_reads_every_id_and_target_on_the_host_once(monkeypatch):
+    import tutorial_lib.layers
+    import tutorial_lib.transformer
+
+    calls = []
+    for module in (tutorial_lib.transformer, tutorial_lib.layers):
+        def check(*ranges, original=module.check_id_values):
+            calls.append([r.name for r in ranges])
+            return original(*ranges)
+
+        monkeypatch.setattr(module, "check_id_values", check)
+    model, src, tgt = model_and_batch()
+    model(src, tgt, tgt)
+    assert calls == [["src", "tgt_in", "targets"]], f"expected one check of all three, got {calls}"

@@ -146,9 +146,9 @@ def seq2seq_step(cfg: ModelConfig, batch: int, source_len: int, target_len: int)
     encoder = dataclasses.replace(cfg, family="encoder", src_vocab_size=None, n_decoder_layers=None,
                                   share_embeddings=False)
     decoder = dataclasses.replace(encoder, family="decoder", n_layers=cfg.decoder_layers)
-    d, h, h_kv, d_k = cfg.d_model, cfg.n_heads, cfg.kv_heads, cfg.d_k
+    d, h, h_kv, d_k = cfg.d_model, cfg.n_heads, cfg.kv_heads, cfg.head_dim
     cross_forward = cfg.decoder_layers * (target_len * 2 * 2 * d * h * d_k + source_len * 2 * 2 * d * h_kv * d_k
-                                          + target_len * 2 * source_len * h * (d_k + cfg.value_dim))
+                                          + target_len * 2 * source_len * h * 2 * d_k)  # scores, weighted values
     per_example = (source_len * flops_per_token(encoder, context=source_len)["training"]
                    + target_len * flops_per_token(decoder, context=target_len)["training"] + 3 * cross_forward)
     return batch * per_example

@@ -281,18 +281,6 @@ class LayerKVCache:
         self._length = end
         return self._keys[:, :, :end], self._values[:, :, :end]  # (B, h_kv, S + T, d_k)
 
-    def append_one(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """:meth:`append` for one new position (B, h_kv, 1, d_k), without the checks of its
-        shapes: for :class:`tutorial_lib.fast_decode.FastDecoder`, whose keys and values come
-        from the layer that filled this cache. The same writes and views."""
-        start = self._length
-        if self._keys is None or start + 1 > self._keys.size(-2):
-            return self.append(k, v)  # empty (first buffers) or full (larger ones): append decides
-        self._keys.narrow(2, start, 1).copy_(k)
-        self._values.narrow(2, start, 1).copy_(v)
-        self._length = end = start + 1
-        return self._keys.narrow(2, 0, end), self._values.narrow(2, 0, end)
-
     @staticmethod
     def _grow(buffer: Tensor, filled: int, capacity: int) -> Tensor:
         B, h, _, d = buffer.shape

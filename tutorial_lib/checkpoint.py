@@ -42,6 +42,7 @@ from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 from torch import nn
 
+from .checks import check_count
 from .train import History
 
 POINTER = "latest.json"
@@ -149,14 +150,6 @@ def read_weights(data: bytes, name: str = "the weights file", *,
     return tensors, meta
 
 
-def load_weights(model: nn.Module, data: bytes) -> None:
-    """Load safetensors bytes written by :func:`weights_to_bytes` into ``model`` (strict: every
-    name must be present with its shape, and no other)."""
-    tensors, meta = read_weights(data)
-    check_weights_fit(model, tensors, meta)
-    model.load_state_dict(tensors, strict=True)
-
-
 def check_weights_fit(model: nn.Module, tensors: dict[str, torch.Tensor], meta: dict[str, str],
                       name: str = "the checkpoint") -> None:
     """Raise ValueError, before anything is loaded, unless ``tensors`` have exactly the names
@@ -257,10 +250,8 @@ def save_checkpoint(folder: str | Path, model: nn.Module, optimizer: torch.optim
     :func:`saved_config`). ``keep``: how many checkpoints to keep (None: all); older ones are
     deleted only after the pointer has moved past them.
     """
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        raise ValueError(f"step must be a non-negative int, got {step!r}")
-    if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
-        raise ValueError(f"keep must be an int >= 1 or None, got {keep!r}")
+    check_count("step", step, 0)
+    check_count("keep", keep, optional=True)
     if not isinstance(model, nn.Module):
         raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     folder = Path(folder)
@@ -379,8 +370,7 @@ def _resolve_step(folder: Path, step: int | None) -> tuple[int, dict[str, str]]:
             raise ValueError(f"no checkpoint here: {folder} has no {POINTER} (nothing was saved, or every save was "
                              "interrupted before it completed)")
         return pointer["step"], pointer["sha256"]
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        raise ValueError(f"step must be a non-negative int or None (the latest), got {step!r}")
+    check_count("step", step, 0, optional=True)  # None (the latest) is resolved above
     if step not in checkpoint_steps(folder):
         raise ValueError(f"no complete checkpoint of step {step}; the folder holds steps {checkpoint_steps(folder)}")
     pointer = _read_pointer(folder, strict=False)

@@ -3,7 +3,7 @@
 Every check raises ``ValueError`` with a message that names the argument, says what was
 expected and shows what came. Two kinds:
 
-* type, shape and dtype checks (:func:`check_count`, :func:`check_number`,
+* type, shape and dtype checks (:func:`check_int`, :func:`check_count`, :func:`check_number`,
   :func:`check_id_tensor`, :func:`check_length`, :func:`check_vectors`): plain Python on
   metadata, O(1), free to run anywhere;
 * value checks that read tensor data (:func:`check_id_values`): every token id and target of
@@ -20,14 +20,57 @@ import torch
 from torch import Tensor
 
 
-def check_count(name: str, value, minimum: int = 1) -> int:
-    """``value`` as an int >= ``minimum``; a float such as 64 / 4 or 3.0 is refused by name."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        hint = f" (write int({value!r}) or use //)" if isinstance(value, float) and value.is_integer() else ""
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r} of type {type(value).__name__}{hint}")
-    if value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value}")
-    return value
+def _type_hint(value) -> str:
+    """What to write instead of a float that holds a whole number (64 / 4 gives 16.0)."""
+    return f" (write int({value!r}) or use //)" if isinstance(value, float) and value.is_integer() else ""
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)  # True is an int to Python, not to us
+
+
+def check_int(name: str, value, *, why: str = "", optional: bool = False) -> int | None:
+    """``value`` as an int of any sign (an id, an index to skip); a bool or a float is refused.
+
+    ``why`` says in the message what the int is for; ``optional``: None is accepted (and returned).
+    """
+    if _is_int(value) or (value is None and optional):
+        return value
+    expected = "an int" + (f" ({why})" if why else "") + (" or None" if optional else "")
+    raise ValueError(f"{name} must be {expected}, got {value!r} of type {type(value).__name__}{_type_hint(value)}")
+
+
+def check_count(name: str, value, minimum: int = 1, *, maximum: int | None = None, below: int | None = None,
+                bound_name: str | None = None, why: str = "", optional: bool = False) -> int | None:
+    """``value`` as an int >= ``minimum``; a float such as 64 / 4 or 3.0 is refused by name.
+
+    An upper bound, when there is one: ``maximum`` (inclusive) or ``below`` (exclusive), shown
+    as ``bound_name=value`` when the bound has a name (``[1, n_experts=4]``, ``[0, T=5)``).
+    ``why`` says in the message what the bounds are for; ``optional``: None is accepted too
+    (and returned). The message names the argument, the range expected and the value that came.
+    """
+    if maximum is not None and below is not None:
+        raise ValueError("give check_count a maximum or a bound below, not both")
+    if value is None and optional:
+        return None
+    if (_is_int(value) and value >= minimum and (maximum is None or value <= maximum)
+            and (below is None or value < below)):
+        return value
+    # the message, built only when the check fails (some callers run at every decoding step)
+    limit = maximum if below is None else below
+    notes = [why] if why else []
+    if limit is not None:
+        shown = f"{bound_name}={limit}" if bound_name else f"{limit}"
+        expected = f"an int in [{minimum}, {shown}{']' if below is None else ')'}"
+    elif minimum in (0, 1):
+        expected = "a positive int" if minimum else "a non-negative int"
+        notes.insert(0, f"an int >= {minimum}")
+    else:
+        expected = f"an int >= {minimum}"
+    expected += (f" ({'; '.join(notes)})" if notes else "") + (" or None" if optional else "")
+    if not _is_int(value):
+        raise ValueError(f"{name} must be {expected}, got {value!r} of type {type(value).__name__}{_type_hint(value)}")
+    raise ValueError(f"{name} must be {expected}, got {value}")
 
 
 def check_number(name: str, value, *, low: float | None = None, high: float | None = None,
@@ -80,9 +123,7 @@ def check_vectors(name: str, x, d_model: int) -> None:
 
 def check_ignore_index(ignore_index) -> int:
     """``ignore_index`` as an int (any value; -100 is PyTorch's default)."""
-    if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
-        raise ValueError(f"ignore_index must be an int (the target value to skip), got {ignore_index!r}")
-    return ignore_index
+    return check_int("ignore_index", ignore_index, why="the target value to skip")
 
 
 class IdRange(NamedTuple):

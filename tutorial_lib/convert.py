@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import replace
 from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
 
 from .attention import MultiHeadAttention
-from .config import ModelConfig, from_hf_config
+from .config import ModelConfig
 from .gpt import DecoderOnlyLM
+from .hf_config import DECODER_TYPES, decoder_config
 from .layers import FeedForward, TransformerBlock
 from .positions import interleaved_to_half_split
 from .transformer import DecoderLayer, EncoderDecoder
@@ -110,9 +110,8 @@ def copy_from_bert_layer(ours: TransformerBlock, bert_layer: nn.Module) -> None:
 # ---- Hugging Face decoder-only models ---------------------------------------------------------
 # One table says where every tensor of a Hugging Face checkpoint goes in DecoderOnlyLM. The
 # in-memory copy below (from_hf_model) and tutorial_lib.pretrained (checkpoint files, shard by
-# shard) both read it.
-
-DECODER_TYPES = ("gpt2", "llama", "mistral", "qwen2", "gemma", "phi3")
+# shard) both read it. Their config.json is read by tutorial_lib.hf_config.decoder_config (the
+# loading verdict), whose DECODER_TYPES are the model types with a map here.
 
 
 class TensorMap(NamedTuple):
@@ -157,7 +156,7 @@ def _llama_map(cfg: ModelConfig, model_type: str) -> list[TensorMap]:
             TensorMap("model.norm.weight", "final_norm.weight", plus_one=gemma)]
     if not cfg.tie_embeddings:
         maps.append(TensorMap("lm_head.weight", "head.weight"))
-    q, kv, ff = cfg.n_heads * cfg.d_k, cfg.kv_heads * cfg.d_k, cfg.ffn_dim
+    q, kv, ff = cfg.n_heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim, cfg.ffn_dim
     qkv_rows = {"q": (0, q), "k": (q, q + kv), "v": (q + kv, q + 2 * kv)}  # rows of our fused [Q; K; V]
     for i in range(cfg.n_layers):
         h, b = f"model.layers.{i}.", f"blocks.{i}."
@@ -322,46 +321,11 @@ def load_hf_state_dict(model: DecoderOnlyLM, hf_state: dict[str, Tensor], model_
     return model
 
 
-def decoder_config(hf: dict) -> ModelConfig:
-    """The ModelConfig of a decoder-only Hugging Face model, refusing settings under which the
-    course's model would compute something else: scaled or interleaved RoPE, partial rotary,
-    GPT-2's attention-scaling variants. An active sliding window W becomes max_len = W, where
-    it changes nothing (every query sees at most W keys)."""
-    cfg = from_hf_config(hf)
-    model_type = hf.get("model_type")
-    if model_type not in DECODER_TYPES:
-        if cfg.family != "decoder":
-            what = f"an {cfg.family} model, not a decoder-only one"  # "encoder" or "encoder-decoder"
-        elif cfg.n_experts:
-            what = "a mixture of experts, whose expert weights this loader has no map for"
-        else:
-            what = "a decoder-only type this loader has no map for"
-        raise ValueError(f"model_type {model_type!r} is {what}; load_pretrained maps the model types "
-                         f"{', '.join(DECODER_TYPES)}")
-    rope = hf.get("rope_scaling") or hf.get("rope_parameters") or {}
-    refused = {
-        "rope_scaling": rope.get("rope_type", rope.get("type", "default")) != "default",
-        "rope_interleaved": bool(hf.get("rope_interleaved")),
-        "partial_rotary_factor": hf.get("partial_rotary_factor", 1.0) not in (None, 1, 1.0),
-        "scale_attn_by_inverse_layer_idx": bool(hf.get("scale_attn_by_inverse_layer_idx")),
-        "scale_attn_weights": hf.get("scale_attn_weights", True) is False,
-    }
-    for field, bad in refused.items():
-        if bad:
-            value = hf.get(field, rope)
-            raise ValueError(f"config.json has {field}={value!r}, which changes what attention computes; "
-                             "tutorial_lib's model does not implement it, so it would give other outputs")
-    window = hf.get("sliding_window")
-    active = bool(hf.get("use_sliding_window")) if model_type == "qwen2" else model_type in ("mistral", "phi3")
-    if window and active and window < cfg.max_len:
-        cfg = replace(cfg, max_len=int(window))
-    return cfg
-
-
 def from_hf_model(hf_model: nn.Module) -> DecoderOnlyLM:
     """A :class:`DecoderOnlyLM` with the weights of a Hugging Face causal LM in memory
     (GPT2LMHeadModel, LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, GemmaForCausalLM,
-    Phi3ForCausalLM)."""
+    Phi3ForCausalLM). Its config is read as for load_pretrained
+    (:func:`tutorial_lib.hf_config.decoder_config`)."""
     hf = hf_model.config.to_dict()
     model = DecoderOnlyLM(decoder_config(hf))
     return load_hf_state_dict(model, hf_model.state_dict(), hf["model_type"]).eval()

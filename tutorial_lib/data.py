@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from .checks import check_count, check_number
+from .checks import check_count, check_int, check_number
 
 
 @dataclass(frozen=True)
@@ -158,8 +158,7 @@ def pad_sequences(seqs: Sequence[Sequence[int]], pad_id: int, length: int | None
     """Right-pad lists of ids to one length: (B, L) long tensor."""
     if isinstance(seqs, (str, Tensor)) or not seqs:
         raise ValueError(f"pad_sequences takes a non-empty list of id lists, got {type(seqs).__name__} {seqs!r:.60}")
-    if isinstance(pad_id, bool) or not isinstance(pad_id, int):
-        raise ValueError(f"pad_id must be an int token id, got {pad_id!r}")
+    check_int("pad_id", pad_id, why="the token id to pad with")
     for i, s in enumerate(seqs):
         ids_tensor = isinstance(s, Tensor) and s.dim() == 1 and not (s.dtype.is_floating_point or s.dtype == torch.bool)
         if not ids_tensor and (isinstance(s, (str, Tensor)) or not isinstance(s, Iterable)

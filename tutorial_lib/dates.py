@@ -69,13 +69,6 @@ def ordinal(n: int) -> str:
     return f"{n}{suffix}"
 
 
-def year_from_two_digits(yy: int) -> int:
-    """The one year of 1950..2049 that ends in ``yy``: 50..99 -> 19yy, 00..49 -> 20yy."""
-    if not 0 <= yy <= 99:
-        raise ValueError(f"a two-digit year lies in 0..99, got {yy}")
-    return 1900 + yy if yy >= 50 else 2000 + yy
-
-
 # Fields a format is made of: code -> (which part of the date it writes, how).
 FIELDS: dict[str, tuple[str, Callable[[date], str]]] = {
     "d": ("day", lambda d: str(d.day)),                          # 3
@@ -293,8 +286,7 @@ def train_batch(batch_size: int, generator: torch.Generator, device=None) -> Dat
 def held_out_examples(n: int = N_HELD_OUT) -> list[DateExample]:
     """The fixed held-out set: ``n`` (at most 1,000) examples on held-out dates, the formats
     taken in turn so each is equally represented. The same list on every call and machine."""
-    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= N_HELD_OUT:
-        raise ValueError(f"n must lie in 1..{N_HELD_OUT}, got {n!r}")
+    check_count("n", n, maximum=N_HELD_OUT, bound_name="N_HELD_OUT")
     rng = random.Random(_HELD_OUT_SEED)
     chosen = rng.sample(HELD_OUT_DATES, N_HELD_OUT)
     examples = [make_example(d, FORMAT_NAMES[i % len(FORMAT_NAMES)]) for i, d in enumerate(chosen)]

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import os
 import random
-import sys
 
 import numpy as np
 import torch
+
+from .checks import check_count
 
 
 def pick_device(prefer: str | None = None) -> torch.device:
@@ -39,18 +40,12 @@ def seed_everything(seed: int) -> torch.Generator:
     Returns a fresh CPU ``torch.Generator`` seeded the same way, for code that takes an
     explicit generator (sampling, data order).
     """
-    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
-        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+    check_count("seed", seed, 0)
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)  # also seeds every CUDA device
     os.environ["PYTHONHASHSEED"] = str(seed)  # for subprocesses started from here
     return torch.Generator().manual_seed(seed)
-
-
-def in_colab() -> bool:
-    """True when running inside Google Colab."""
-    return "google.colab" in sys.modules
 
 
 def describe(device: torch.device) -> str:

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .checks import IdRange, check_count, check_id_tensor, check_id_values
+from .checks import IdRange, check_count, check_id_tensor, check_id_values, check_number
 from .config import ModelConfig
 from .layers import Embeddings, init_weights
 from .transformer import Encoder
@@ -66,9 +66,7 @@ class EncoderBackbone(nn.Module):
         super().__init__()
         if cfg.family != "encoder":
             raise ValueError(f"an encoder-only model needs family='encoder', got {cfg.family!r}")
-        if n_features is not None and (isinstance(n_features, bool) or not isinstance(n_features, int)
-                                       or n_features < 1):
-            raise ValueError(f"n_features must be a positive int or None, got {n_features!r}")
+        check_count("n_features", n_features, optional=True)
         if n_features is not None and pad_id is not None:
             raise ValueError("pad_id marks padding among token ids; feature frames take lengths instead")
         if pad_id is not None and not 0 <= pad_id < cfg.vocab_size:
@@ -80,14 +78,17 @@ class EncoderBackbone(nn.Module):
         self.embed = Embeddings(cfg, 0 if n_features is not None else cfg.vocab_size)
         self.encoder = Encoder(cfg)
 
-    def _vectors(self, inputs: Tensor, check_values: bool) -> Tensor:
+    def _check_inputs(self, inputs: Tensor, check_ids: bool) -> None:
+        """Token ids (shape, dtype, then their values: one host sync) or feature frames (shape,
+        dtype). ``check_ids=False`` leaves out the checks of token ids. (:meth:`keep` checks
+        the lengths, which it reads anyway.)"""
         if self.frontend is None:
-            return self.embed(inputs, check_values=check_values)  # (B, T, d); checks the ids
-        if not isinstance(inputs, Tensor) or inputs.dim() != 3 or inputs.size(-1) != self.n_features \
+            if check_ids:
+                check_id_values(IdRange("ids", check_id_tensor("ids", inputs), self.cfg.vocab_size))
+        elif not isinstance(inputs, Tensor) or inputs.dim() != 3 or inputs.size(-1) != self.n_features \
                 or not inputs.is_floating_point():
             got = f"{inputs.dtype} {tuple(inputs.shape)}" if isinstance(inputs, Tensor) else type(inputs).__name__
             raise ValueError(f"expected float feature frames (B, T, n_features={self.n_features}), got {got}")
-        return self.embed.add_positions(self.frontend(inputs))  # (B, T, d)
 
     def keep(self, inputs: Tensor, lengths: Tensor | None = None) -> Tensor:
         """(B, T) keep flags for these inputs: from lengths, else from pad_id, else all True."""
@@ -104,9 +105,13 @@ class EncoderBackbone(nn.Module):
         return torch.ones(B, T, dtype=torch.bool, device=inputs.device)
 
     def forward(self, inputs: Tensor, *, lengths: Tensor | None = None, need_weights: bool = False,
-                check_values: bool = True) -> Encoded:
-        """``check_values=False``: the caller has already checked the token ids (shape, dtype, range)."""
-        x = self._vectors(inputs, check_values)  # (B, T, d)
+                check_ids: bool = True) -> Encoded:
+        """``check_ids=False``: the caller has already checked the token ids (shape, dtype, range)."""
+        self._check_inputs(inputs, check_ids)
+        if self.frontend is None:
+            x = self.embed(inputs, check_ids=False)  # (B, T, d): the ids are checked above
+        else:
+            x = self.embed.add_positions(self.frontend(inputs))  # (B, T, d)
         keep = self.keep(inputs, lengths)  # (B, T)
         out = self.encoder(x, keep[:, None, None, :], need_weights=need_weights)  # mask (B, 1, 1, S)
         return Encoded(out.x, keep, out.weights)
@@ -137,8 +142,7 @@ def mask_tokens(ids: Tensor, *, mask_id: int, vocab_size: int, special_ids: Iter
         got = f"{ids.dtype} {tuple(ids.shape)}" if isinstance(ids, Tensor) else type(ids).__name__
         raise ValueError(f"ids must be an integer tensor of shape (B, T), got {got}")
     for name, p in (("select_prob", select_prob), ("mask_prob", mask_prob), ("random_prob", random_prob)):
-        if not 0.0 <= p <= 1.0:
-            raise ValueError(f"{name} must lie in [0, 1], got {p}")
+        check_number(name, p, low=0.0, high=1.0)
     if mask_prob + random_prob > 1.0:
         raise ValueError(f"mask_prob + random_prob must be at most 1, got {mask_prob} + {random_prob}")
     check_count("vocab_size", vocab_size)
@@ -201,9 +205,8 @@ class MaskedLM(nn.Module):
         if cfg.tie_embeddings:
             self.head.decoder.weight = self.backbone.embed.tokens.weight  # one matrix in and out
 
-    def forward(self, ids: Tensor, labels: Tensor | None = None, *, lengths: Tensor | None = None,
-                need_weights: bool = False) -> EncoderOnlyOutput:
-        """ids: (B, T); labels: (B, T), IGNORE_INDEX where there is nothing to predict."""
+    def _check_inputs(self, ids: Tensor, labels: Tensor | None) -> None:
+        """Shapes and dtypes of ids and labels, then their values in one host sync."""
         check_id_tensor("ids", ids)
         ranges = [IdRange("ids", ids, self.cfg.vocab_size)]
         if labels is not None:
@@ -212,7 +215,12 @@ class MaskedLM(nn.Module):
                 raise ValueError(f"labels must have the shape of ids {tuple(ids.shape)}, got {tuple(labels.shape)}")
             ranges.append(IdRange("labels", labels, self.cfg.vocab_size, IGNORE_INDEX))
         check_id_values(*ranges)  # one host sync for ids and labels
-        encoded = self.backbone(ids, lengths=lengths, need_weights=need_weights, check_values=False)
+
+    def forward(self, ids: Tensor, labels: Tensor | None = None, *, lengths: Tensor | None = None,
+                need_weights: bool = False) -> EncoderOnlyOutput:
+        """ids: (B, T); labels: (B, T), IGNORE_INDEX where there is nothing to predict."""
+        self._check_inputs(ids, labels)
+        encoded = self.backbone(ids, lengths=lengths, need_weights=need_weights, check_ids=False)
         logits = self.head(encoded.x)  # (B, T, V)
         loss = None
         if labels is not None:
@@ -253,8 +261,7 @@ class SequenceClassifier(nn.Module):
     def __init__(self, cfg: ModelConfig, n_classes: int, *, pooling: str = "cls",
                  n_features: int | None = None, pad_id: int | None = None):
         super().__init__()
-        if isinstance(n_classes, bool) or not isinstance(n_classes, int) or n_classes < 2:
-            raise ValueError(f"n_classes must be an int >= 2, got {n_classes!r}")
+        check_count("n_classes", n_classes, 2)
         if pooling not in POOLINGS:
             raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
         if pooling == "cls" and n_features is not None:
@@ -271,10 +278,9 @@ class SequenceClassifier(nn.Module):
             return encoded.x[:, 0]  # (B, d)
         return mean_pool(encoded.x, encoded.keep)  # (B, d)
 
-    def forward(self, inputs: Tensor, labels: Tensor | None = None, *, lengths: Tensor | None = None,
-                need_weights: bool = False) -> EncoderOnlyOutput:
-        """inputs: ids (B, T) or frames (B, T, n_features); labels: (B,) class ids (IGNORE_INDEX
-        leaves an example out of the loss, as in F.cross_entropy)."""
+    def _check_inputs(self, inputs: Tensor, labels: Tensor | None) -> None:
+        """Shapes and dtypes of the token ids (frames are the backbone's to check) and the
+        labels, then the values of both in one host sync."""
         ranges = []
         if self.backbone.frontend is None:
             ranges.append(IdRange("inputs", check_id_tensor("inputs", inputs), self.cfg.vocab_size))
@@ -286,7 +292,13 @@ class SequenceClassifier(nn.Module):
             ranges.append(IdRange("labels", labels, self.classifier.out_features, IGNORE_INDEX))
         if ranges:
             check_id_values(*ranges)  # one host sync for ids and labels
-        encoded = self.backbone(inputs, lengths=lengths, need_weights=need_weights, check_values=False)
+
+    def forward(self, inputs: Tensor, labels: Tensor | None = None, *, lengths: Tensor | None = None,
+                need_weights: bool = False) -> EncoderOnlyOutput:
+        """inputs: ids (B, T) or frames (B, T, n_features); labels: (B,) class ids (IGNORE_INDEX
+        leaves an example out of the loss, as in F.cross_entropy)."""
+        self._check_inputs(inputs, labels)
+        encoded = self.backbone(inputs, lengths=lengths, need_weights=need_weights, check_ids=False)
         logits = self.classifier(self.dropout(self.pool(encoded)))  # (B, n_classes)
         loss = None
         if labels is not None:

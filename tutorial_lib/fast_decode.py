@@ -1,23 +1,27 @@
-"""A cached decoding step of a decoder-only model, run as one function instead of through its modules.
+"""A cached decoding step of a decoder-only model, run as one function instead of through its
+modules: ``generate(..., fast=True)``, a lesson on where a decoding step's time goes.
 
-At batch 1 a cached step of a small model does little arithmetic: a few matrix-vector products
-per layer. Through the modules it costs about as much again in Python: about a dozen
-``nn.Module`` calls per layer (50 for the 4-layer tiny GPT), each with its argument checks,
-closures and named tuples, once per token. :class:`FastDecoder` runs the same operations on
-the same weight tensors, in the same order, with those costs taken out: the weights are looked
-up once, the shapes of the new keys and values are not checked again before they are cached,
-and the ids are not checked per step (generate checked the prompt, and every later token is an
-id the sampler picked).
+By default :func:`tutorial_lib.sampling.generate` runs every step through the model's own
+modules, so what a learner reads, hooks and debugs is what runs. At batch 1 a cached step of
+a small model does little arithmetic: a few matrix-vector products per layer. Through the
+modules it costs about as much again in Python: about a dozen ``nn.Module`` calls per layer
+(50 for the 4-layer tiny GPT), each with its argument checks, closures and named tuples, once
+per token. :class:`FastDecoder` runs the same operations on the same weight tensors, in the
+same order, with those costs taken out: the weights are looked up once, the ids are not
+checked per step (generate checked the prompt, and every later token is an id the sampler
+picked), and LLaMA's RMSNorm runs as :func:`rms_norm_steps`. What is left is the time of the
+operations themselves; the difference to the module path is the price of the modules.
 
 On a CPU the logits are bit-identical to ``model(token, cache=cache).logits[:, -1]``
 (tests/test_fast_decode.py compares them for every kind of block this package builds, also
 under bf16 autocast; on a GPU tests/test_cuda.py asks for float32 rounding). A model the
-module path would treat differently gets no fast decoder (:func:`fast_decoder` returns None
-and :func:`tutorial_lib.sampling.generate` calls the modules): one with a module in training
-mode (dropout), a forward hook or pre-hook (probes, the NaN finder, a learner's print), a
-parametrized weight, a replaced or compiled ``forward``, or, in any place, a part other than
-the ones this package builds there (a sublayer ablated with ``nn.Identity``, a learner's own
-attention).
+module path would treat differently gets no fast decoder (:func:`why_not_fast` says why,
+:func:`fast_decoder` returns None, and ``generate(..., fast=True)`` raises a ValueError with
+that reason rather than quietly running something else): one with a module in training mode
+(dropout), a forward hook or pre-hook (probes, the NaN finder, a learner's print: FastDecoder
+calls no modules, so a hook would never fire), a parametrized weight, a replaced or compiled
+``forward``, or, in any place, a part other than the ones this package builds there (a
+sublayer ablated with ``nn.Identity``, a learner's own attention).
 """
 
 from __future__ import annotations
@@ -32,16 +36,7 @@ from torch.nn.utils import parametrize
 
 from .attention import KVCache, LayerKVCache, MultiHeadAttention, fused_attention_unchecked
 from .gpt import DecoderOnlyLM
-from .layers import (
-    Embeddings,
-    FeedForward,
-    Residual,
-    RMSNorm,
-    TransformerBlock,
-    position_bias,
-    rms_norm,
-    rms_norm_steps,
-)
+from .layers import Embeddings, FeedForward, Residual, RMSNorm, TransformerBlock, position_bias, rms_norm
 from .moe import MoEFeedForward
 from .positions import LearnedPositions, RelativePositionBias, RotaryEmbedding, SinusoidalPositions
 
@@ -59,49 +54,108 @@ def _is(part, *types) -> bool:
     return type(part) in types
 
 
-def _built_here(model: DecoderOnlyLM) -> bool:
-    """True when every place of the model holds the kind of part DecoderOnlyLM builds there,
-    the parts whose computation FastDecoder repeats."""
+def _foreign_part(model: DecoderOnlyLM) -> tuple[str, object] | None:
+    """(place, part) of the first part that is not the kind DecoderOnlyLM builds there (the
+    parts whose computation FastDecoder repeats), or None when every place holds one."""
     embed = model.embed
-    if not (_is(embed, Embeddings) and _is(embed.tokens, nn.Embedding) and embed.tokens.max_norm is None
-            and (embed.positions is None or _is(embed.positions, LearnedPositions, SinusoidalPositions))
-            and _is(model.final_norm, *NORMS, nn.Identity) and _is(model.head, nn.Linear)
-            and _is(model.blocks, nn.ModuleList)):
-        return False
-    return all(_block_built_here(block) for block in model.blocks)
+    if not _is(embed, Embeddings):
+        return "embed", embed
+    if not (_is(embed.tokens, nn.Embedding) and embed.tokens.max_norm is None):
+        return "embed.tokens", embed.tokens  # max_norm: the lookup would renormalise rows in place
+    for place, part, types in (
+            ("embed.positions", embed.positions, (type(None), LearnedPositions, SinusoidalPositions)),
+            ("final_norm", model.final_norm, (*NORMS, nn.Identity)), ("head", model.head, (nn.Linear,)),
+            ("blocks", model.blocks, (nn.ModuleList,))):
+        if not _is(part, *types):
+            return place, part
+    for i, block in enumerate(model.blocks):
+        foreign = _foreign_part_of_block(block)
+        if foreign is not None:
+            return f"blocks.{i}{foreign[0]}", foreign[1]
+    return None
 
 
-def _block_built_here(block: nn.Module) -> bool:
-    if not (_is(block, TransformerBlock) and _is(block.attn, MultiHeadAttention)):
-        return False
-    attn, ffn, sublayers = block.attn, block.ffn, (block.attn_sublayer, block.ffn_sublayer)
-    if not (_is(attn.qkv, nn.Linear) and _is(attn.out, nn.Linear)
-            and (attn.rotary is None or _is(attn.rotary, RotaryEmbedding))
-            and all(_is(sublayer, Residual) and _is(sublayer.norm, *NORMS) for sublayer in sublayers)):
-        return False
+def _foreign_part_of_block(block: nn.Module) -> tuple[str, object] | None:
+    """As :func:`_foreign_part`, for one block: ("", block), (".attn", ...), ..., or None."""
+    if not _is(block, TransformerBlock):
+        return "", block
+    attn, ffn = block.attn, block.ffn
+    if not _is(attn, MultiHeadAttention):
+        return ".attn", attn
+    for place, part, types in ((".attn.qkv", attn.qkv, (nn.Linear,)), (".attn.out", attn.out, (nn.Linear,)),
+                               (".attn.rotary", attn.rotary, (type(None), RotaryEmbedding)),
+                               (".attn_sublayer", block.attn_sublayer, (Residual,)),
+                               (".ffn_sublayer", block.ffn_sublayer, (Residual,)),
+                               (".attn_sublayer.norm", block.attn_sublayer.norm, NORMS),
+                               (".ffn_sublayer.norm", block.ffn_sublayer.norm, NORMS)):
+        if not _is(part, *types):
+            return place, part
     if _is(ffn, MoEFeedForward):
-        return True  # called as a module (its parts were checked by fast_decoder's loop)
-    return (_is(ffn, FeedForward) and _is(ffn.up, nn.Linear) and _is(ffn.down, nn.Linear)
-            and (not ffn.gated or _is(ffn.gate, nn.Linear)))
+        return None  # called as a module (its parts were checked by why_not_fast's loop)
+    if not _is(ffn, FeedForward):
+        return ".ffn", ffn
+    for place, part in ((".ffn.up", ffn.up), (".ffn.down", ffn.down), *([(".ffn.gate", ffn.gate)] * ffn.gated)):
+        if not _is(part, nn.Linear):
+            return place, part
+    return None
+
+
+def why_not_fast(model: nn.Module) -> str | None:
+    """Why FastDecoder cannot run ``model``'s steps (its modules would compute or report
+    something it does not), as a phrase for an error message; None when it can."""
+    if type(model) is not DecoderOnlyLM:
+        return (f"it runs tutorial_lib's DecoderOnlyLM itself, and this model is a {type(model).__name__} "
+                "(a subclass may compute something else)")
+    for name in _GLOBAL_HOOKS:
+        if getattr(module_internals, name, None):
+            return ("a global module hook is registered (torch.nn.modules.module.register_module_forward_hook "
+                    "or _pre_hook), which FastDecoder, calling no modules, would never run")
+    for place, part in model.named_modules():
+        place = place or "the model"
+        kind = type(part)
+        if parametrize.is_parametrized(part):
+            return f"{place} has a parametrized weight, computed by its parametrization at every call"
+        if kind not in _FORWARDS:
+            return f"{place} is of type {kind.__name__}, a part FastDecoder does not know"
+        if _FORWARDS[kind] is not kind.forward:
+            return f"{kind.__name__}.forward was replaced after tutorial_lib was imported"
+        if part.training:
+            return f"{place} is in training mode (dropout is the modules' business)"
+        if part._forward_hooks or part._forward_pre_hooks:
+            return (f"{place} has a forward hook or pre-hook, which FastDecoder, calling no modules, "
+                    "would never run")
+        if "forward" in part.__dict__:
+            return f"{place} has a forward of its own (replaced on the instance)"
+        if getattr(part, "_compiled_call_impl", None) is not None:
+            return f"{place} was compiled in place (Module.compile), so its modules run the compiled code"
+    foreign = _foreign_part(model)
+    if foreign is not None:
+        place, part = foreign
+        return (f"{place} is of type {type(part).__name__}{' with max_norm' if place == 'embed.tokens' else ''}, "
+                "not the part DecoderOnlyLM builds there")
+    return None
 
 
 def fast_decoder(model: nn.Module) -> FastDecoder | None:
     """A :class:`FastDecoder` for ``model``, or None when its steps must go through the modules
-    (see the module's docstring for when)."""
-    if type(model) is not DecoderOnlyLM or any(getattr(module_internals, name, None) for name in _GLOBAL_HOOKS):
-        return None
-    for part in model.modules():
-        if (_FORWARDS.get(type(part)) is not type(part).forward or part.training
-                or part._forward_hooks or part._forward_pre_hooks or "forward" in part.__dict__
-                or getattr(part, "_compiled_call_impl", None) is not None or parametrize.is_parametrized(part)):
-            return None
-    return FastDecoder(model) if _built_here(model) else None
+    (:func:`why_not_fast` says why)."""
+    return FastDecoder(model) if why_not_fast(model) is None else None
+
+
+def rms_norm_steps(x: Tensor, weight: Tensor, width: Tensor, eps: Tensor) -> Tensor:
+    """float32 :func:`~tutorial_lib.layers.rms_norm` written out as the operations torch's own
+    runs on a CPU, in its order: x * rsqrt(sum(x^2) / width + eps) * weight, the same bits
+    (tests/test_fast_decode.py). ``width`` (d) and ``eps`` are 0-dim float32 tensors made once by
+    the caller: a Python number in an operation costs a conversion to a tensor at every call,
+    and at one position per step that conversion costs more than the arithmetic (about 7 µs
+    against 9 µs for torch's rms_norm; benchmarks/bench_norms.py)."""
+    return x * x.pow(2).sum(-1, keepdim=True).div_(width).add_(eps).rsqrt_() * weight
 
 
 def _norm(norm: nn.Module, plain_float32_cpu: bool) -> Callable[[Tensor], Tensor]:
     """The norm's forward on its own weights, without the module call and the width check.
     ``plain_float32_cpu``: float32 vectors on a CPU, no autocast; then RMSNorm runs as
-    :func:`~tutorial_lib.layers.rms_norm_steps`, the same bits as torch's rms_norm there and
+    :func:`rms_norm_steps`, the same bits as torch's rms_norm there and
     faster for one position (a GPU has a fused rms_norm kernel, which computes otherwise)."""
     if type(norm) is nn.LayerNorm:
         shape, weight, bias, eps = norm.normalized_shape, norm.weight, norm.bias, norm.eps
@@ -157,9 +211,8 @@ class FastDecoder:
 
     One decoder serves one generation: it holds the weight tensors it found when it was made,
     so a model moved or cast afterwards (``.to``, ``.double()``) needs a new one (generate
-    makes one per call). The cache must have room for the token (generate refills it through
-    the modules when the context reaches max_len); nothing here checks that: it is the hot
-    loop of :func:`tutorial_lib.sampling.generate`, which guarantees it.
+    makes one per call). The token's position must lie below max_len: generate refills the
+    cache through the modules when the context reaches it.
     """
 
     def __init__(self, model: DecoderOnlyLM):
@@ -219,7 +272,7 @@ class FastDecoder:
             q, k = layer.rotary.rotate(q_and_k, position).split_with_sizes(layer.heads_q_k, 1)
         else:
             q, k, v = heads.split_with_sizes(layer.heads_q_k_v, 1)
-        k, v = layer_cache.append_one(k, v)  # (B, h_kv, S, d_k)
+        k, v = layer_cache.append(k, v)  # (B, h_kv, S, d_k)
         if bias is None:
             out = F.scaled_dot_product_attention(q, k, v, enable_gqa=layer.grouped)  # (B, h, 1, d_k)
         else:

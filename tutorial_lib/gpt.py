@@ -63,6 +63,27 @@ class DecoderOnlyLM(nn.Module):
         # room for max_len positions from the start: no cache is ever copied to grow it
         return KVCache(self.cfg.n_layers, capacity=self.cfg.max_len)
 
+    def _check_inputs(self, ids: Tensor, targets: Tensor | None, mask: Tensor | None, offset: int,
+                      ignore_index: int, check_ids: bool) -> None:
+        """Every argument check of :meth:`forward`: shapes, dtypes and the context length from
+        metadata, then the values of ids and targets in one host sync (:func:`check_id_values`).
+        ``check_ids=False`` leaves out the checks of ``ids``, not those of targets or mask."""
+        ranges = []
+        if check_ids:
+            check_id_tensor("ids", ids)
+            check_length("ids", ids.size(1), self.cfg.max_len, offset)
+            ranges.append(IdRange("ids", ids, self.cfg.vocab_size))
+        B, T = ids.shape
+        if targets is not None:
+            check_id_tensor("targets", targets, what="target ids")
+            if targets.shape != ids.shape:
+                raise ValueError(f"targets must have the shape of ids {tuple(ids.shape)}, got {tuple(targets.shape)}")
+            ranges.append(IdRange("targets", targets, self.cfg.vocab_size, check_ignore_index(ignore_index)))
+        if mask is not None:
+            check_mask("mask", mask, (B, self.cfg.n_heads, T, offset + T), ids.device)
+        if ranges:
+            check_id_values(*ranges)  # one host sync for ids and targets together
+
     def forward(self, ids: Tensor, targets: Tensor | None = None, *, cache: KVCache | None = None,
                 need_weights: bool = False, mask: Tensor | None = None,
                 ignore_index: int = -100, check_ids: bool = True) -> LMOutput:
@@ -83,22 +104,9 @@ class DecoderOnlyLM(nn.Module):
         reads the ids on the host, a device sync at every decoding step otherwise.
         """
         offset = 0 if cache is None else len(cache)
-        ranges = []
-        if check_ids:
-            check_id_tensor("ids", ids)
-            check_length("ids", ids.size(1), self.cfg.max_len, offset)
-            ranges.append(IdRange("ids", ids, self.cfg.vocab_size))
-        B, T = ids.shape
-        if targets is not None:
-            check_id_tensor("targets", targets, what="target ids")
-            if targets.shape != ids.shape:
-                raise ValueError(f"targets must have the shape of ids {tuple(ids.shape)}, got {tuple(targets.shape)}")
-            ranges.append(IdRange("targets", targets, self.cfg.vocab_size, check_ignore_index(ignore_index)))
-        if mask is not None:
-            check_mask("mask", mask, (B, self.cfg.n_heads, T, offset + T), ids.device)
-        if ranges:
-            check_id_values(*ranges)  # one host sync for ids and targets together
-        x = self.embed(ids, offset, check_values=False)  # (B, T, d)
+        self._check_inputs(ids, targets, mask, offset, ignore_index, check_ids)
+        T = ids.size(1)
+        x = self.embed(ids, offset, check_ids=False)  # (B, T, d): ids checked above
         bias = position_bias(self.cfg, T, offset + T, x.device, self.relative_bias)  # (1, h, T, S): ALiBi, T5
         weights, balance = [], []
         layer_caches = [None] * len(self.blocks) if cache is None else cache.layers

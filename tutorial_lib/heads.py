@@ -17,6 +17,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .checks import check_count
+
 
 def repeated_random_tokens(vocab_size: int, period: int, *, repeats: int = 2, batch: int = 1, low: int = 0,
                            generator: torch.Generator | None = None) -> Tensor:
@@ -27,10 +29,8 @@ def repeated_random_tokens(vocab_size: int, period: int, *, repeats: int = 2, ba
     has exactly one earlier occurrence in each copy before it, and "the token that followed its
     earlier occurrence" names one position."""
     for name, value in (("vocab_size", vocab_size), ("period", period), ("repeats", repeats), ("batch", batch)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-    if isinstance(low, bool) or not isinstance(low, int) or not 0 <= low < vocab_size:
-        raise ValueError(f"low must be an int in [0, vocab_size={vocab_size}), got {low!r}")
+        check_count(name, value)
+    check_count("low", low, 0, below=vocab_size, bound_name="vocab_size")
     if period > vocab_size - low:
         raise ValueError(f"period must be at most the {vocab_size - low} ids in [low={low}, vocab_size={vocab_size}) "
                          f"to draw them without repeats, got {period}")
@@ -67,6 +67,5 @@ def induction_scores(weights: Tensor, period: int) -> Tensor:
     each position t >= period of the repeats to position t - period + 1, the token that
     followed the earlier occurrence of token t."""
     T = _check_square(weights)
-    if isinstance(period, bool) or not isinstance(period, int) or not 1 <= period < T:
-        raise ValueError(f"period must be an int in [1, T={T}), got {period!r}")
+    check_count("period", period, below=T, bound_name="T")
     return offset_scores(weights, period - 1, period)

@@ -59,16 +59,6 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     return weight * normed.to(x.dtype)
 
 
-def rms_norm_steps(x: Tensor, weight: Tensor, width: Tensor, eps: Tensor) -> Tensor:
-    """float32 :func:`rms_norm` written out as the operations torch's own runs on a CPU, in its
-    order: x * rsqrt(sum(x^2) / width + eps) * weight, the same bits (tests/test_layers.py).
-    ``width`` (d) and ``eps`` are 0-dim float32 tensors made once by the caller: a Python number
-    in an operation costs a conversion to a tensor at every call, and at one position per step
-    that conversion costs more than the arithmetic. For the decoding step of
-    :class:`tutorial_lib.fast_decode.FastDecoder`, where this takes about 7 µs against 9 µs."""
-    return x * x.pow(2).sum(-1, keepdim=True).div_(width).add_(eps).rsqrt_() * weight
-
-
 def make_norm(cfg: ModelConfig) -> nn.Module:
     """The norm the config asks for, over d_model features."""
     if cfg.norm == "rmsnorm":
@@ -145,29 +135,19 @@ class Residual(nn.Module):
 
 
 def refuse_unbuilt_parts(cfg: ModelConfig, what: str) -> None:
-    """Raise ValueError when ``cfg`` asks for a part that ``what`` would need but this package
-    does not build: Qwen3's query/key norm and DeepSeek's latent attention (layers), BERT's
-    token-type table and embedding norm (embeddings), BERT's pooler (encoder). ModelConfig
-    describes them so that tutorial_lib.params can count published models; a model built
-    without them would silently be a different one."""
-    missing = []
-    if what == "encoder" and cfg.pooler:
-        missing.append("pooler=True (BERT's dense + tanh layer over the first position)")
-    if what == "layers" and cfg.qk_norm:
-        missing.append("qk_norm=True (Qwen3's norm on each head's queries and keys)")
-    if what == "layers" and cfg.latent_attention:
-        missing.append(f"kv_lora_rank={cfg.kv_lora_rank} (DeepSeek's multi-head latent attention)")
-    if what == "embeddings" and cfg.type_vocab_size:
-        missing.append(f"type_vocab_size={cfg.type_vocab_size} (BERT's token-type table)")
-    if what == "embeddings" and cfg.embedding_norm:
-        missing.append("embedding_norm=True (BERT's embedding norm)")
+    """Raise ValueError naming the fields of ``cfg`` that ask for parts this package counts but
+    does not build (BERT's token-type table, embedding norm and pooler; Qwen3's query/key norm;
+    DeepSeek's latent attention and multi-token prediction). Only a
+    :class:`tutorial_lib.params.CountedConfig` has such fields (``cfg.unbuilt_parts()``); a
+    model built without those parts would silently be a different one."""
+    missing = cfg.unbuilt_parts()
     if missing:
-        raise ValueError(f"tutorial_lib's {what} do not build {', '.join(missing)}; such a config can be "
-                         "counted with tutorial_lib.params but not built")
+        raise ValueError(f"tutorial_lib's {what} cannot be built from this {type(cfg).__name__}: it asks for "
+                         f"{', '.join(missing)}, which tutorial_lib.params counts but tutorial_lib does not build")
 
 
 def make_rotary(cfg: ModelConfig) -> RotaryEmbedding | None:
-    return RotaryEmbedding(cfg.d_k, cfg.rope_base) if cfg.positions == "rope" else None
+    return RotaryEmbedding(cfg.head_dim, cfg.rope_base) if cfg.positions == "rope" else None
 
 
 def make_relative_bias(cfg: ModelConfig, *, bidirectional: bool) -> RelativePositionBias | None:
@@ -221,7 +201,7 @@ class TransformerBlock(nn.Module):
         super().__init__()
         refuse_unbuilt_parts(cfg, "layers")
         self.attn = MultiHeadAttention(
-            cfg.d_model, cfg.n_heads, n_kv_heads=cfg.kv_heads, head_dim=cfg.d_k,
+            cfg.d_model, cfg.n_heads, n_kv_heads=cfg.kv_heads, head_dim=cfg.head_dim,
             bias=cfg.uses_bias("qkv"), out_bias=cfg.uses_bias("out"), dropout=cfg.dropout,
             rotary=rotary)
         self.ffn = ffn if ffn is not None else FeedForward(
@@ -290,12 +270,12 @@ class Embeddings(nn.Module):
             x = x + self.positions(x.size(1), offset)  # (T, d) broadcast over the batch
         return maybe_dropout(self.dropout, x)
 
-    def forward(self, ids: Tensor, offset: int = 0, *, name: str = "ids", check_values: bool = True) -> Tensor:
+    def forward(self, ids: Tensor, offset: int = 0, *, name: str = "ids", check_ids: bool = True) -> Tensor:
         """ids (B, T) -> (B, T, d). ``name`` is the caller's name for the ids, used in errors;
-        ``check_values=False`` when the caller has already checked them (shape, dtype, range)."""
+        ``check_ids=False`` when the caller has already checked them (shape, dtype, range)."""
         if self.tokens is None:
             raise ValueError("these embeddings have no token table (vocab_size=0); use add_positions")
-        if check_values:
+        if check_ids:
             check_id_values(IdRange(name, check_id_tensor(name, ids), self.vocab_size))
         x = self.tokens(ids)  # (B, T, d)
         if self.scale != 1.0:  # GPT and LLaMA do not scale: skip a multiplication by 1

@@ -12,11 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-
-def _check_positive_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
+from .checks import check_count
 
 
 def _check_bool_mask(name: str, mask) -> Tensor:
@@ -32,8 +28,8 @@ def causal_mask(T: int, S: int | None = None, *, device=None) -> Tensor:
     With S > T (decoding with S - T keys already cached) the queries are the *last* T
     positions, so this is the last T rows of the S x S causal mask.
     """
-    _check_positive_int("T", T)
-    S = T if S is None else _check_positive_int("S", S)
+    check_count("T", T)
+    S = T if S is None else check_count("S", S)
     if S < T:
         raise ValueError(f"a causal mask needs S >= T (queries are the last T keys), got T={T}, S={S}")
     rows = torch.arange(T, device=device).unsqueeze(1) + (S - T)  # absolute query positions
@@ -62,7 +58,7 @@ def padding_mask(lengths_or_ids: Tensor, S: int | None = None, pad_id: int | Non
             )
         if S is None:
             S = int(x.max())
-        _check_positive_int("S", S)
+        check_count("S", S)
         if (x < 0).any() or (x > S).any():
             raise ValueError(f"lengths must lie in [0, S={S}], got {x.tolist()}")
         keep = torch.arange(S, device=x.device).unsqueeze(0) < x.unsqueeze(1)  # (B, S)
@@ -95,7 +91,7 @@ def prefix_lm_mask(prefix_len: int | Tensor, T: int, *, device=None) -> Tensor:
 
     ``prefix_len`` an int gives (T, T); a tensor of per-example lengths (B,) gives (B, 1, T, T).
     """
-    _check_positive_int("T", T)
+    check_count("T", T)
     causal = causal_mask(T, device=device)
     cols = torch.arange(T, device=device)
     if isinstance(prefix_len, Tensor):
@@ -106,15 +102,14 @@ def prefix_lm_mask(prefix_len: int | Tensor, T: int, *, device=None) -> Tensor:
             raise ValueError(f"prefix lengths must lie in [0, T={T}], got {prefix_len.tolist()}")
         in_prefix = cols[None, :] < prefix_len[:, None].to(cols.device)  # (B, T): key is in prefix
         return (causal[None] | in_prefix[:, None, :]).unsqueeze(1)  # (B, 1, T, T)
-    if isinstance(prefix_len, bool) or not isinstance(prefix_len, int) or not 0 <= prefix_len <= T:
-        raise ValueError(f"prefix_len must be an int in [0, T={T}], got {prefix_len!r}")
+    check_count("prefix_len", prefix_len, 0, maximum=T, bound_name="T")
     return causal | (cols < prefix_len)[None, :]  # (T, T)
 
 
 def sliding_window_mask(T: int, window: int, S: int | None = None, *, device=None) -> Tensor:
     """Causal mask that also limits each query to its last ``window`` keys (itself included)."""
-    _check_positive_int("window", window)
-    S = T if S is None else _check_positive_int("S", S)
+    check_count("window", window)
+    S = T if S is None else check_count("S", S)
     causal = causal_mask(T, S, device=device)
     rows = torch.arange(T, device=device).unsqueeze(1) + (S - T)
     cols = torch.arange(S, device=device).unsqueeze(0)

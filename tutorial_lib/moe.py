@@ -37,6 +37,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
+from .checks import check_count, check_vectors
 from .config import ModelConfig
 from .layers import FeedForward
 
@@ -59,8 +60,7 @@ def _check_logits(logits, k: int) -> None:
         got = f"{logits.dtype} tensor of shape {tuple(logits.shape)}" if isinstance(logits, Tensor) \
             else type(logits).__name__
         raise ValueError(f"router logits must be a float tensor of shape (tokens, experts), got {got}")
-    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= logits.size(1):
-        raise ValueError(f"k must be an int in [1, {logits.size(1)}] (the number of experts), got {k!r}")
+    check_count("k", k, maximum=logits.size(1), why="the number of experts")
 
 
 def route(logits: Tensor, k: int, renormalise: bool = True) -> tuple[Tensor, Tensor]:
@@ -142,7 +142,12 @@ class MoEFeedForward(nn.Module):
             self.shared = FeedForward(d, cfg.n_shared_experts * cfg.shared_dim, cfg.ffn, bias=bias, dropout=cfg.dropout)
         self.shared_gate = nn.Linear(d, 1, bias=False) if cfg.shared_expert_gate else None
 
+    def _check_inputs(self, x: Tensor) -> None:
+        """Shape and dtype of the input vectors (metadata only: no tensor data is read)."""
+        check_vectors("x", x, self.router.in_features)
+
     def forward(self, x: Tensor) -> MoEOutput:
+        self._check_inputs(x)
         flat = x.reshape(-1, x.size(-1))  # (N, d), N = B * T
         logits = self.router(flat)  # (N, E)
         weights, experts = route(logits, self.k, self.renormalise)  # (N, k) each

@@ -37,6 +37,7 @@ from torch import Tensor, nn
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from .checks import check_count
 from .config import ModelConfig
 from .gpt import DecoderOnlyLM
 from .layers import position_bias
@@ -56,8 +57,7 @@ def lm_loss(logits: Tensor, targets: Tensor) -> Tensor:
 
 def check_tensor_parallel(cfg: ModelConfig, degree: int, vocab_parallel: bool = True) -> None:
     """Raise ValueError unless every count tensor parallelism splits divides by ``degree``."""
-    if isinstance(degree, bool) or not isinstance(degree, int) or degree < 1:
-        raise ValueError(f"the tensor-parallel degree must be a positive int, got {degree!r}")
+    check_count("degree", degree, why="the tensor-parallel degree")
     counts = [("query heads", "n_heads", cfg.n_heads), ("key/value heads", "n_kv_heads", cfg.kv_heads),
               ("FFN columns", "d_ff", cfg.ffn_dim)]
     if vocab_parallel:
@@ -84,8 +84,7 @@ def check_dense(cfg: ModelConfig, plan: str) -> None:
 def stage_layers(n_layers: int, stages: int) -> list[range]:
     """The layers of each pipeline stage: consecutive, as equal as possible, the earlier stages
     taking one more when they do not divide evenly."""
-    if isinstance(stages, bool) or not isinstance(stages, int) or not 1 <= stages <= n_layers:
-        raise ValueError(f"stages must be an int from 1 to n_layers={n_layers}, got {stages!r}")
+    check_count("stages", stages, maximum=n_layers, bound_name="n_layers")
     size, extra = divmod(n_layers, stages)
     bounds = [0]
     for s in range(stages):
@@ -201,8 +200,7 @@ def bubble_fraction(stages: int, microbatches: int) -> float:
     overhead as O((K - 1) / (M + K - 1)); Narayanan et al. (2021) measure it against the
     compute instead of the whole step, (p - 1) / m."""
     for name, value in (("stages", stages), ("microbatches", microbatches)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
+        check_count(name, value)
     return (stages - 1) / (microbatches + stages - 1)
 
 
@@ -470,7 +468,7 @@ def _gather_whole(scheme: str, module: nn.Module, pick) -> dict[str, Tensor]:
         full = {n: (t.full_tensor() if isinstance(t, DTensor) else t).detach().cpu() for n, t in mine.items()}
         if scheme == "tp":
             cfg = module.cfg
-            order = qkv_rows_by_rank(cfg.n_heads, cfg.kv_heads, cfg.d_k, dist.get_world_size())
+            order = qkv_rows_by_rank(cfg.n_heads, cfg.kv_heads, cfg.head_dim, dist.get_world_size())
             for name in [n for n in full if ".attn.qkv." in n]:
                 full[name] = full[name][order.argsort()]
         return full

@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from .checks import check_count
 from .config import GPT_TINY, LLAMA_TINY, ModelConfig
 from .ddp import corpus_ids, global_batch, init_processes, launch, leave_without_teardown, shard
 from .gpt import DecoderOnlyLM
@@ -96,9 +97,7 @@ class Case:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
         for name in ("steps", "batch", "block", "d_model", "n_layers", "n_heads", "n_kv_heads", "microbatches",
                      "corpus_chars"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+            check_count(name, getattr(self, name))
         if self.batch % self.microbatches:
             raise ValueError(f"a batch of {self.batch} does not split into {self.microbatches} equal micro-batches")
         if self.lr <= 0:

@@ -45,6 +45,20 @@ A mixture of experts has two sizes, and its breakdown two summary keys:
                counted whole, as the published figures do, although a token reads one row.)
 
 Run ``python -m tutorial_lib.params config.json`` for the table.
+
+**Configs that only count.** Every function here takes a :class:`~tutorial_lib.config.ModelConfig`,
+the config a model is built from. Published models also have parts that tutorial_lib counts
+but does not build: BERT's token-type table, embedding norm and pooler; Qwen3's norms on each
+head's queries and keys; DeepSeek's multi-head latent attention and multi-token-prediction
+modules. Their fields are those of :class:`CountedConfig`, a ModelConfig subclass defined
+here, where counting is described, and nowhere in the config a model is built from. So a
+model's constructor never receives a field it cannot build: given a CountedConfig that asks
+for such a part, it raises a ValueError naming the fields
+(:meth:`CountedConfig.unbuilt_parts`), and a ModelConfig has no such field to ask with.
+:func:`tutorial_lib.hf_config.from_hf_config` returns a CountedConfig only when the
+``config.json`` needs one of these fields, a ModelConfig otherwise. The published shapes that
+need one are the presets :data:`BERT_BASE`, :data:`QWEN3_30B_A3B` and :data:`DEEPSEEK_V3`;
+:data:`PRESETS` is every preset that can be counted (those of tutorial_lib.config and these).
 """
 
 from __future__ import annotations
@@ -53,13 +67,153 @@ import argparse
 import json
 import re
 import sys
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from .config import PRESETS, ModelConfig, from_hf_config
+from . import config as C
+from .checks import check_count
+from .config import Derived, ModelConfig
 from .moe import MoEFeedForward
+
+# ---- configs that count parts tutorial_lib does not build --------------------------------------
+
+
+@dataclass(frozen=True)
+class CountedConfig(ModelConfig):
+    """A ModelConfig with the parts of published models that tutorial_lib counts but does not
+    build (see the module docstring). Every field left at its default describes a model that
+    can be built; the model classes refuse a CountedConfig that sets one of them.
+
+    BERT (``family="encoder"`` only): ``type_vocab_size`` rows of a token-type (segment) table,
+    ``embedding_norm`` (a norm over the summed embeddings) and ``pooler`` (a dense + tanh layer
+    over the first position).
+
+    ``qk_norm`` (decoder-only): an RMSNorm over each head's queries and keys, one weight vector
+    of head_dim shared by the heads, as in Qwen3.
+
+    Multi-head latent attention (DeepSeek-V2/V3, decoder-only with RoPE), switched on by
+    ``kv_lora_rank``: keys and values are rebuilt per head from one compressed latent of
+    ``kv_lora_rank`` values per token, queries from one of ``q_lora_rank`` (None: a full-rank
+    W_Q), and each query and key head adds ``rope_head_dim`` rotary dimensions (the key's
+    shared by all heads) to its ``head_dim`` plain ones. Value heads are ``v_head_dim`` wide:
+    left out it is head_dim, held as a Derived int as head_dim is (one name for the value
+    width). ``mtp_modules`` counts DeepSeek-V3's multi-token-prediction modules, which sit
+    outside the model that predicts the next token (:func:`mtp_parameters`).
+    """
+
+    type_vocab_size: int = 0  # BERT's token-type (segment) table; 0: none
+    embedding_norm: bool = False  # a norm over the summed embeddings (BERT)
+    pooler: bool = False  # BERT's dense + tanh layer over the first position
+    qk_norm: bool = False  # Qwen3: RMSNorm over each head's queries and keys
+    kv_lora_rank: int | None = None  # multi-head latent attention: width of the key/value latent
+    q_lora_rank: int | None = None  # ... width of the query latent; None: a full-rank W_Q
+    rope_head_dim: int = 0  # ... rotary dimensions added to each query and key head
+    v_head_dim: int | None = None  # width of a value head; None: head_dim, held as a Derived int
+    mtp_modules: int = 0  # DeepSeek-V3's multi-token-prediction modules (outside the total)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("embedding_norm", "pooler", "qk_norm"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        for name in ("type_vocab_size", "mtp_modules"):
+            check_count(name, getattr(self, name), 0)
+        if self.family != "encoder" and (self.type_vocab_size or self.embedding_norm or self.pooler):
+            raise ValueError("type_vocab_size, embedding_norm and pooler describe BERT-style encoders "
+                             f"(family='encoder'), not family={self.family!r}")
+        if self.qk_norm and self.family != "decoder":
+            raise ValueError(f"qk_norm is counted for decoder-only models, not family={self.family!r}")
+        self._check_latent_attention()
+
+    def _check_rope(self) -> None:
+        if self.kv_lora_rank is None:  # latent attention rotates rope_head_dim dimensions instead
+            super()._check_rope()
+
+    def _check_latent_attention(self) -> None:
+        given_v = self.v_head_dim is not None and not isinstance(self.v_head_dim, Derived)
+        if self.kv_lora_rank is None:
+            if self.q_lora_rank is not None or self.rope_head_dim or given_v:
+                raise ValueError("q_lora_rank, rope_head_dim and v_head_dim describe multi-head latent "
+                                 "attention; give kv_lora_rank as well")
+        else:
+            for name in ("kv_lora_rank", "q_lora_rank", "v_head_dim"):
+                check_count(name, getattr(self, name), optional=True)
+            if check_count("rope_head_dim", self.rope_head_dim, 0) % 2:
+                raise ValueError(f"rope_head_dim must be even (RoPE rotates pairs of dimensions), "
+                                 f"got {self.rope_head_dim}")
+            if self.family != "decoder" or self.positions != "rope":
+                raise ValueError("multi-head latent attention (kv_lora_rank) is counted for decoder-only models "
+                                 f"with positions='rope', got family={self.family!r}, positions={self.positions!r}")
+            if self.kv_heads != self.n_heads:
+                raise ValueError("multi-head latent attention rebuilds keys and values for every head: leave "
+                                 f"n_kv_heads unset (got {self.n_kv_heads} for {self.n_heads} heads)")
+            if self.uses_bias("qkv") or self.uses_bias("out"):
+                raise ValueError("multi-head latent attention is counted without attention biases: set "
+                                 "qkv_bias=False and out_bias=False")
+        if not given_v:  # not given: the value heads are as wide as the query and key heads
+            object.__setattr__(self, "v_head_dim", Derived(self.head_dim))
+
+    @property
+    def latent_attention(self) -> bool:
+        """Multi-head latent attention (DeepSeek-V2/V3) instead of (grouped-query) attention."""
+        return self.kv_lora_rank is not None
+
+    def unbuilt_parts(self) -> list[str]:
+        parts = {
+            "type_vocab_size": f"type_vocab_size={self.type_vocab_size} (BERT's token-type table)",
+            "embedding_norm": "embedding_norm=True (BERT's embedding norm)",
+            "pooler": "pooler=True (BERT's dense + tanh layer over the first position)",
+            "qk_norm": "qk_norm=True (Qwen3's norm on each head's queries and keys)",
+            "kv_lora_rank": f"kv_lora_rank={self.kv_lora_rank} (DeepSeek's multi-head latent attention)",
+            "mtp_modules": f"mtp_modules={self.mtp_modules} (DeepSeek-V3's multi-token-prediction modules)",
+        }
+        return [text for name, text in parts.items() if getattr(self, name)]
+
+
+COUNTED_FIELDS = tuple(f.name for f in fields(CountedConfig) if f.name not in {g.name for g in fields(ModelConfig)})
+
+
+def counted(cfg: ModelConfig) -> CountedConfig:
+    """``cfg`` as a CountedConfig: itself if it is one, else the same model with none of the
+    counted-only parts (what every counting function here reads)."""
+    if isinstance(cfg, CountedConfig):
+        return cfg
+    if not isinstance(cfg, ModelConfig):
+        raise ValueError(f"expected a ModelConfig, got {type(cfg).__name__}")
+    return CountedConfig(**cfg.to_dict())
+
+
+# ---- presets with parts that are counted, not built ---------------------------------------------
+# Each is what tutorial_lib.hf_config.from_hf_config reads from the model's config.json (tests check it).
+
+# BERT-base (Devlin et al., 2019; "google-bert/bert-base-uncased" config.json), without task head.
+BERT_BASE = CountedConfig(
+    family="encoder", vocab_size=30522, d_model=768, n_layers=12, n_heads=12, d_ff=3072, max_len=512,
+    norm="layernorm", norm_eps=1e-12, norm_order="post", ffn="gelu", positions="learned", bias=True,
+    type_vocab_size=2, embedding_norm=True, pooler=True,
+)
+
+# Qwen3-30B-A3B ("Qwen/Qwen3-30B-A3B" config.json): 128 narrow experts, 8 per token, no shared one.
+QWEN3_30B_A3B = CountedConfig(
+    family="decoder", vocab_size=151936, d_model=2048, n_layers=48, n_heads=32, n_kv_heads=4, head_dim=128,
+    d_ff=6144, max_len=40960, norm="rmsnorm", norm_eps=1e-6, ffn="swiglu", positions="rope", rope_base=1e6,
+    bias=False, tie_embeddings=False, n_experts=128, experts_per_token=8, expert_d_ff=768, qk_norm=True,
+)
+
+# DeepSeek-V3 (DeepSeek-AI, 2024; "deepseek-ai/DeepSeek-V3" config.json): multi-head latent
+# attention, 3 dense layers, then 256 routed experts (8 per token) and 1 shared in each layer.
+DEEPSEEK_V3 = CountedConfig(
+    family="decoder", vocab_size=129280, d_model=7168, n_layers=61, n_heads=128, head_dim=128, d_ff=18432,
+    max_len=163840, norm="rmsnorm", norm_eps=1e-6, ffn="swiglu", positions="rope", rope_base=10000.0, bias=False,
+    tie_embeddings=False, n_experts=256, experts_per_token=8, expert_d_ff=2048, n_shared_experts=1,
+    dense_layers=(0, 1, 2), kv_lora_rank=512, q_lora_rank=1536, rope_head_dim=64, v_head_dim=128, mtp_modules=1,
+)
+
+# Every preset that can be counted (the command line takes these names).
+PRESETS = C.PRESETS | {"bert-base": BERT_BASE, "qwen3-30b-a3b": QWEN3_30B_A3B, "deepseek-v3": DEEPSEEK_V3}
 
 # ---- counting from the config ---------------------------------------------------------------
 
@@ -79,25 +233,26 @@ def _latent_attention(cfg: ModelConfig, prefix: str) -> dict[str, int]:
     from one latent of kv_lora_rank per token, whose down-projection also makes the rotary key
     that all heads share; queries come up from a latent of q_lora_rank (or straight from x)."""
     d, h, rope = cfg.d_model, cfg.n_heads, cfg.rope_head_dim
-    qk_width, kv_rank = h * (cfg.d_k + rope), cfg.kv_lora_rank
+    qk_width, kv_rank = h * (cfg.head_dim + rope), cfg.kv_lora_rank
     if cfg.q_lora_rank is None:
         counts = {f"{prefix}.q": d * qk_width}
     else:  # RMSNorm on the query latent: a scale of q_lora_rank
         counts = {f"{prefix}.q_a": d * cfg.q_lora_rank, f"{prefix}.q_norm": cfg.q_lora_rank,
                   f"{prefix}.q_b": cfg.q_lora_rank * qk_width}
     return counts | {f"{prefix}.kv_a": d * (kv_rank + rope), f"{prefix}.kv_norm": kv_rank,
-                     f"{prefix}.kv_b": kv_rank * h * (cfg.d_k + cfg.value_dim), f"{prefix}.o": h * cfg.value_dim * d}
+                     f"{prefix}.kv_b": kv_rank * h * (cfg.head_dim + cfg.v_head_dim),
+                     f"{prefix}.o": h * cfg.v_head_dim * d}
 
 
 def _attention(cfg: ModelConfig, prefix: str) -> dict[str, int]:
     if cfg.latent_attention:
         return _latent_attention(cfg, prefix)
     d, qkv_bias = cfg.d_model, cfg.uses_bias("qkv")
-    q_width, kv_width = cfg.n_heads * cfg.d_k, cfg.kv_heads * cfg.d_k  # grouped-query: kv_heads <= n_heads
+    q_width, kv_width = cfg.n_heads * cfg.head_dim, cfg.kv_heads * cfg.head_dim  # grouped-query: kv_heads <= n_heads
     counts = {f"{prefix}.q": _linear(d, q_width, qkv_bias), f"{prefix}.k": _linear(d, kv_width, qkv_bias),
               f"{prefix}.v": _linear(d, kv_width, qkv_bias), f"{prefix}.o": _linear(q_width, d, cfg.uses_bias("out"))}
     if cfg.qk_norm:  # Qwen3: one RMSNorm scale of d_k for queries, one for keys, shared by the heads
-        counts[f"{prefix}.qk_norm"] = 2 * cfg.d_k
+        counts[f"{prefix}.qk_norm"] = 2 * cfg.head_dim
     return counts
 
 
@@ -117,6 +272,7 @@ def block_parameters(cfg: ModelConfig, cross_attention: bool = False, *, moe: bo
     """The parameters of one layer: self-attention, cross-attention when asked for (a decoder
     layer of an encoder-decoder model), the feed-forward network and the norms, and "total".
     ``moe=True``: a mixture-of-experts layer of the config (router, routed and shared experts)."""
+    cfg = counted(cfg)
     if moe and not cfg.n_experts:
         raise ValueError("moe=True needs a config with n_experts > 0")
     counts = _attention(cfg, "attn")
@@ -163,8 +319,7 @@ def expected_parameters(cfg: ModelConfig) -> dict[str, int]:
 
     ``"total"`` sums the components. A mixture of experts also gets ``"active"``: the
     parameters one token's forward pass uses (the module docstring defines it)."""
-    if not isinstance(cfg, ModelConfig):
-        raise ValueError(f"expected a ModelConfig, got {type(cfg).__name__}")
+    cfg = counted(cfg)  # a ModelConfig is counted as a CountedConfig without the counted-only parts
     d = cfg.d_model
     positions = cfg.max_len * d if cfg.positions == "learned" else 0  # sinusoidal: computed, not learned
     counts: dict[str, int] = {}
@@ -208,6 +363,7 @@ def mtp_parameters(cfg: ModelConfig) -> dict[str, int]:
     final RMSNorm. Its embedding table and output head are the main model's (shared), so they
     are not counted here. ``transformers`` does not build these modules; they are not in
     :func:`expected_parameters`. Keys: "layer", "projection", "norms", "total"."""
+    cfg = counted(cfg)
     if not cfg.mtp_modules:
         raise ValueError("this config has no multi-token-prediction modules (mtp_modules=0)")
     layer = block_parameters(cfg, moe=bool(cfg.n_experts))["total"]
@@ -343,9 +499,7 @@ def dtype_bytes(dtype) -> int:
 def _n_params(params) -> int:
     if isinstance(params, ModelConfig):
         return expected_parameters(params)["total"]
-    if isinstance(params, bool) or not isinstance(params, int) or params < 0:
-        raise ValueError(f"expected a ModelConfig or a parameter count (int >= 0), got {params!r}")
-    return params
+    return check_count("params", params, 0, why="a parameter count, or else a ModelConfig")
 
 
 def weight_bytes(params, dtype="bf16") -> int:
@@ -372,12 +526,6 @@ def training_bytes(params, precision: str = "mixed") -> dict[str, int]:
     return parts
 
 
-def _positive(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return value
-
-
 def kv_cache_bytes(cfg: ModelConfig, batch: int, seq_len: int, dtype="bf16", *,
                    source_len: int | None = None) -> int:
     """Bytes of the key/value cache when ``batch`` sequences hold ``seq_len`` positions each.
@@ -393,8 +541,9 @@ def kv_cache_bytes(cfg: ModelConfig, batch: int, seq_len: int, dtype="bf16", *,
     up-projections are folded into the query and output); ``transformers``' implementation
     caches the rebuilt per-head keys and values instead, which takes more memory.
     """
-    _positive("batch", batch)
-    _positive("seq_len", seq_len)
+    cfg = counted(cfg)
+    check_count("batch", batch)
+    check_count("seq_len", seq_len)
     if cfg.family == "encoder":
         raise ValueError("an encoder reads its whole input at once and keeps no KV cache; "
                          "use a decoder or encoder-decoder config")
@@ -403,12 +552,12 @@ def kv_cache_bytes(cfg: ModelConfig, batch: int, seq_len: int, dtype="bf16", *,
     if cfg.latent_attention:  # the latent and the shared rotary key, one layer
         per_position = (cfg.kv_lora_rank + cfg.rope_head_dim) * dtype_bytes(dtype)
     else:
-        per_position = 2 * cfg.kv_heads * cfg.d_k * dtype_bytes(dtype)  # keys and values, one layer
+        per_position = 2 * cfg.kv_heads * cfg.head_dim * dtype_bytes(dtype)  # keys and values, one layer
     positions = seq_len
     if cfg.family == "encoder-decoder":
         if source_len is None:
             raise ValueError("an encoder-decoder cache also holds the encoder's keys and values: give source_len")
-        positions += _positive("source_len", source_len)
+        positions += check_count("source_len", source_len)
     return cfg.decoder_layers * batch * positions * per_position
 
 
@@ -440,12 +589,13 @@ def flops_per_token(cfg: ModelConfig, context: int | None = None) -> dict[str, i
     if cfg.family == "encoder-decoder":
         raise ValueError("flops_per_token counts tokens through one stack; an encoder-decoder model has "
                          "source and target tokens with different costs")
-    context = cfg.max_len if context is None else _positive("context", context)
+    cfg = counted(cfg)
+    context = cfg.max_len if context is None else check_count("context", context)
     d = cfg.d_model
     if cfg.latent_attention:  # its projections, without the two norms (it has no biases)
         attn_matrices = sum(n for key, n in _latent_attention(cfg, "attn").items() if not key.endswith("norm"))
     else:  # W_Q, W_O (d x h d_k) and W_K, W_V (d x h_kv d_k)
-        attn_matrices = 2 * d * cfg.n_heads * cfg.d_k + 2 * d * cfg.kv_heads * cfg.d_k
+        attn_matrices = 2 * d * cfg.n_heads * cfg.head_dim + 2 * d * cfg.kv_heads * cfg.head_dim
     per_ffn = (3 if cfg.gated else 2) * d  # matrix entries per unit of inner width
     n_moe = len(cfg.moe_layers)
     ffn_matrices = (cfg.n_layers - n_moe) * per_ffn * cfg.ffn_dim
@@ -455,8 +605,8 @@ def flops_per_token(cfg: ModelConfig, context: int | None = None) -> dict[str, i
                                  + (d if cfg.shared_expert_gate else 0))
     head = cfg.vocab_size * d if cfg.family == "decoder" else 0
     matmul = 2 * (cfg.n_layers * attn_matrices + ffn_matrices + head)
-    qk_dim = cfg.d_k + (cfg.rope_head_dim if cfg.latent_attention else 0)
-    attention = cfg.n_layers * 2 * context * cfg.n_heads * (qk_dim + cfg.value_dim)
+    qk_dim = cfg.head_dim + (cfg.rope_head_dim if cfg.latent_attention else 0)
+    attention = cfg.n_layers * 2 * context * cfg.n_heads * (qk_dim + cfg.v_head_dim)
     forward = matmul + attention
     return {"matmul": matmul, "attention": attention, "forward": forward, "training": 3 * forward}
 
@@ -465,7 +615,11 @@ def flops_per_token(cfg: ModelConfig, context: int | None = None) -> dict[str, i
 
 
 def load_config(source) -> ModelConfig:
-    """A ModelConfig from a ModelConfig, a preset name, a config.json dict or a path to one."""
+    """A ModelConfig (or CountedConfig) from a config, a preset name of :data:`PRESETS`, a
+    config.json dict or a path to one. A config.json is read for counting
+    (:func:`tutorial_lib.hf_config.from_hf_config`): a field it does not know is refused."""
+    from .hf_config import from_hf_config  # hf_config imports CountedConfig from here: imported on use
+
     if isinstance(source, ModelConfig):
         return source
     if isinstance(source, dict):
@@ -514,6 +668,7 @@ def format_breakdown(counts: dict[str, int], *, skip_zero: bool = True) -> str:
 def report(cfg: ModelConfig, *, batch: int = 1, seq_len: int | None = None, dtype="bf16",
            source_len: int | None = None) -> str:
     """The breakdown table and the memory and FLOPs figures, as the command line prints them."""
+    cfg = counted(cfg)
     seq_len = cfg.max_len if seq_len is None else seq_len
     if source_len is not None and cfg.family != "encoder-decoder":
         raise ValueError(f"source_len (--source-len) counts encoder positions of an encoder-decoder model; this is "

@@ -451,7 +451,7 @@ def _by_depth(profiles) -> dict[int, dict[str, object]]:
 
 
 def plot_gradient_profiles(profiles, *, axes=None, title: str | None = None):
-    """Per-layer gradient norms at initialisation (``tutorial_lib.probes.norm_order_gradients``):
+    """Per-layer gradient norms at initialisation (``tutorial_lib.norm_order.norm_order_gradients``):
     one panel per depth, pre-LN and post-LN on each, the mean over trials as a line and the
     range over trials as a band, on a log scale shared by the panels. Returns the axes."""
     grouped = _by_depth(profiles)
@@ -507,7 +507,7 @@ def plot_last_layer_vs_depth(profiles, *, ax=None, title: str | None = None):
 
 
 def plot_warmup_sweep(sweep, *, ax=None, title: str | None = None):
-    """Final training loss against the learning rate (``tutorial_lib.probes.warmup_sweep``): one
+    """Final training loss against the learning rate (``tutorial_lib.norm_order.warmup_sweep``): one
     line per norm order, solid with filled circles without warmup, dashed with open squares with
     it; runs that blew up (NaN or inf) are crosses at the top; the dotted line is the sweep's
     failure threshold."""

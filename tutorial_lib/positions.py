@@ -13,11 +13,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-
-def _check_count(name: str, value, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-    return value
+from .checks import check_count
 
 
 def sinusoidal_table(T: int, d: int, base: float = 10000.0) -> Tensor:
@@ -25,8 +21,8 @@ def sinusoidal_table(T: int, d: int, base: float = 10000.0) -> Tensor:
 
     PE[p, 2i] = sin(p / base^(2i/d)) and PE[p, 2i+1] = cos(p / base^(2i/d)).
     """
-    _check_count("T", T)
-    if _check_count("d", d, 2) % 2:
+    check_count("T", T)
+    if check_count("d", d, 2) % 2:
         raise ValueError(f"the sinusoidal table needs an even d (sine/cosine pairs), got d={d}")
     position = torch.arange(T, dtype=torch.float64).unsqueeze(1)  # (T, 1)
     two_i = torch.arange(0, d, 2, dtype=torch.float64)  # (d/2,)
@@ -46,8 +42,8 @@ class SinusoidalPositions(nn.Module):
         self.register_buffer("table", sinusoidal_table(max_len, d_model), persistent=False)
 
     def forward(self, T: int, offset: int = 0) -> Tensor:
-        _check_count("T", T)
-        _check_count("offset", offset, 0)
+        check_count("T", T)
+        check_count("offset", offset, 0)
         if offset + T > self.max_len:
             raise ValueError(
                 f"positions {offset}..{offset + T - 1} requested, but the table holds {self.max_len}"
@@ -64,8 +60,8 @@ class LearnedPositions(nn.Module):
         self.embedding = nn.Embedding(max_len, d_model)
 
     def forward(self, T: int, offset: int = 0) -> Tensor:
-        _check_count("T", T)
-        _check_count("offset", offset, 0)
+        check_count("T", T)
+        check_count("offset", offset, 0)
         if offset + T > self.max_len:
             raise ValueError(
                 f"a learned position table of length {self.max_len} has no vector for positions "
@@ -148,23 +144,17 @@ class RotaryEmbedding(nn.Module):
         self.base = base
         inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
-        # cos, sin and the sign-folded sin (see forward) for positions 0 .. n-1, each (n, d_k)
+        # cos, sin and the sign-folded sin (see rotate) for positions 0 .. n-1, each (n, d_k)
         self._table: tuple[Tensor, Tensor, Tensor] | None = None
-        # the rows of the last call, keyed by (T, offset, dtype): every layer of a decoding
-        # step asks for the same positions, so only the first one slices the table
-        self._last: tuple[tuple, tuple[Tensor, Tensor, Tensor]] | None = None
 
     def cos_sin(self, T: int, offset: int = 0, *, dtype=torch.float32) -> tuple[Tensor, Tensor]:
         """cos and sin of the angles at positions offset .. offset + T - 1, each (T, d_k)."""
-        cos, sin, _ = self._rows(T, offset, dtype)
-        return cos, sin
+        cos, sin, _ = self._table_for(offset + T, dtype)
+        return cos[offset : offset + T], sin[offset : offset + T]
 
-    def _rows(self, T: int, offset: int, dtype) -> tuple[Tensor, Tensor, Tensor]:
-        key = (T, offset, dtype)
-        last = self._last
-        if last is not None and last[0] == key:
-            return last[1]
-        end = offset + T
+    def _table_for(self, end: int, dtype) -> tuple[Tensor, Tensor, Tensor]:
+        """The table (cos, sin, sign-folded sin) for at least positions 0 .. end - 1, on the
+        device of inv_freq, in ``dtype``; built again only when it is too short or elsewhere."""
         table = self._table
         if table is None or table[0].size(0) < end or table[0].device != self.inv_freq.device \
                 or table[0].dtype != dtype:
@@ -181,13 +171,7 @@ class RotaryEmbedding(nn.Module):
                 half = self.head_dim // 2
                 signed = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)  # (size, d_k)
                 table = self._table = (angle.cos().to(dtype), sin.to(dtype), signed.to(dtype))
-        rows = table[0][offset:end], table[1][offset:end], table[2][offset:end]
-        self._last = key, rows
-        return rows
-
-    def _apply(self, fn, recurse=True):
-        self._last = None  # moved or cast (.to, .cuda, .half): the remembered rows are stale
-        return super()._apply(fn, recurse)
+        return table
 
     def forward(self, q: Tensor, k: Tensor, offset: int = 0) -> tuple[Tensor, Tensor]:
         """Rotate q (B, h, T, d_k) and k (B, h_kv, T, d_k) that sit at positions offset.."""
@@ -201,14 +185,16 @@ class RotaryEmbedding(nn.Module):
                 "q and k must hold the same positions (rotate new keys before caching them), "
                 f"got {q.size(-2)} queries and {k.size(-2)} keys"
             )
-        _check_count("offset", offset, 0)
+        check_count("offset", offset, 0)
         return self.rotate(q, offset), self.rotate(k, offset)
 
     def rotate(self, x: Tensor, offset: int = 0) -> Tensor:
         """Rotate x (B, heads, T, d_k) at positions offset.. (any heads: queries, keys, or both
         stacked). No checks: :meth:`forward` checks its inputs, and MultiHeadAttention hands
         this the heads of its own projection, whose width it built to fit."""
-        cos, _, signed_sin = self._rows(x.size(-2), offset, x.dtype)
+        T = x.size(-2)
+        cos, _, signed_sin = self._table_for(offset + T, x.dtype)
+        cos, signed_sin = cos[offset : offset + T], signed_sin[offset : offset + T]  # (T, d_k)
         # apply_rope's x * cos + rotate_half(x) * sin in four operations instead of six:
         # rotate_half(x) = cat(-x2, x1), so rotate_half(x) * sin = roll(x) * cat(-sin1, sin1),
         # where roll(x) = cat(x2, x1). Moving the minus sign from x2 to sin changes no bit.
@@ -222,8 +208,7 @@ def alibi_slopes(n_heads: int) -> Tensor:
     Otherwise the published rule: the slopes of the closest smaller power of two n', then
     every other slope of 2n' until there are n.
     """
-    if isinstance(n_heads, bool) or not isinstance(n_heads, int) or n_heads < 1:
-        raise ValueError(f"n_heads must be a positive int, got {n_heads!r}")
+    check_count("n_heads", n_heads)
 
     def geometric(n: int) -> list[float]:
         start = 2 ** (-8 / n)
@@ -243,8 +228,8 @@ def alibi_bias(n_heads: int, T: int, S: int | None = None) -> Tensor:
     The queries are the last T of S positions (as in cached decoding). For a causal model
     only j <= i is ever used, where this is the published -slope * (i - j).
     """
-    S = T if S is None else _check_count("S", S)
-    if _check_count("T", T) > S:
+    S = T if S is None else check_count("S", S)
+    if check_count("T", T) > S:
         raise ValueError(f"expected T <= S (the queries are the last T of S positions), got T={T}, S={S}")
     rows = torch.arange(T).unsqueeze(1) + (S - T)  # absolute query positions (T, 1)
     cols = torch.arange(S).unsqueeze(0)  # (1, S)
@@ -296,9 +281,9 @@ class RelativePositionBias(nn.Module):
 
     def __init__(self, n_heads: int, n_buckets: int = 32, max_distance: int = 128, *, bidirectional: bool):
         super().__init__()
-        _check_count("n_heads", n_heads)
-        _check_count("n_buckets", n_buckets)
-        _check_count("max_distance", max_distance)
+        check_count("n_heads", n_heads)
+        check_count("n_buckets", n_buckets)
+        check_count("max_distance", max_distance)
         relative_position_bucket(torch.zeros(1, dtype=torch.long), bidirectional=bidirectional,
                                  n_buckets=n_buckets, max_distance=max_distance)  # validates the sizes
         self.n_buckets, self.max_distance, self.bidirectional = n_buckets, max_distance, bidirectional
@@ -306,8 +291,8 @@ class RelativePositionBias(nn.Module):
 
     def buckets(self, T: int, S: int | None = None) -> Tensor:
         """(T, S) bucket ids; the queries are the last T of S positions (cached decoding)."""
-        S = T if S is None else _check_count("S", S)
-        if _check_count("T", T) > S:
+        S = T if S is None else check_count("S", S)
+        if check_count("T", T) > S:
             raise ValueError(f"expected T <= S (the queries are the last T of S positions), got T={T}, S={S}")
         device = self.table.weight.device
         queries = torch.arange(S - T, S, device=device)[:, None]  # absolute query positions (T, 1)

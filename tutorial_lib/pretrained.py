@@ -5,8 +5,11 @@ Hugging Face Hub (fetched with ``huggingface_hub`` when online), or a GGUF file 
 format; or a folder holding one), and returns the model, its tokenizer and its
 :class:`~tutorial_lib.config.ModelConfig`. For a Hugging Face folder:
 
-* ``config.json`` becomes a ModelConfig through :func:`tutorial_lib.convert.decoder_config`
-  (notebook 07's reader, which refuses what the course's model does not compute);
+* ``config.json`` becomes a ModelConfig through :func:`tutorial_lib.hf_config.decoder_config`,
+  the loading use of the reader notebook 07 counts with: it refuses what would change the
+  computation (scaled RoPE, for one, which counting accepts), and warns about a field it has
+  never seen rather than refusing it (the tensor checks below make sure that such a field
+  changes no parameter);
 * the weights are read from ``model.safetensors``, or from the shards that
   ``model.safetensors.index.json`` lists. The model is first built on PyTorch's ``meta``
   device (shapes, no memory), its parameters are then allocated once in the dtype asked for,
@@ -47,21 +50,22 @@ from safetensors import safe_open
 from torch import nn
 
 from . import gguf
-from .bpe import BPETokenizer, load_tokenizer, tokenizer_from_gguf
+from .bpe import BPETokenizer
 from .config import ModelConfig
 from .convert import (
     check_map_covers,
     check_shape,
     check_tensor_names,
-    decoder_config,
     gguf_tensor_map,
     hf_tensor_map,
     mapped_tensor,
     target_slice,
 )
 from .gpt import DecoderOnlyLM
+from .hf_config import VERDICTS, decoder_config
 from .positions import RotaryEmbedding
 from .project import BUNDLED_INSTALL
+from .tokenizer_files import load_tokenizer, tokenizer_from_gguf
 
 HUB_HOST = "huggingface.co"
 # The real model that comes offline (tutorial_lib.project.BUNDLED_INSTALL installs it)
@@ -290,9 +294,9 @@ def find_gguf(source) -> Path | None:
 _GGUF_READ = {"context_length", "embedding_length", "block_count", "feed_forward_length", "attention.head_count",
               "attention.head_count_kv", "attention.layer_norm_rms_epsilon", "rope.freq_base", "vocab_size",
               "rope.dimension_count", "attention.key_length", "attention.value_length"}
-_GGUF_REFUSED = {
-    "rope.scaling.type": "scaled RoPE (longer contexts) rotates by other angles",
-    "rope.scaling.factor": "scaled RoPE (longer contexts) rotates by other angles",
+_GGUF_REFUSED = {  # RoPE scaling: the reason config.json's rope_scaling is refused for, from the one table
+    "rope.scaling.type": VERDICTS["rope_scaling"].loading,
+    "rope.scaling.factor": VERDICTS["rope_scaling"].loading,
     "expert_count": "a mixture of experts, whose expert weights this loader has no map for",
     "attention.sliding_window": "a sliding-window mask changes which keys are attended",
 }
@@ -300,7 +304,7 @@ _GGUF_REFUSED = {
 
 def gguf_config(metadata: dict, tensor_names, where: str = "the file") -> ModelConfig:
     """The ModelConfig of a LLaMA GGUF file, read from its ``llama.*`` metadata through the same
-    reader as a ``config.json`` (:func:`tutorial_lib.convert.decoder_config`). Keys that change
+    reader as a ``config.json`` (:func:`tutorial_lib.hf_config.decoder_config`). Keys that change
     the computation and that the course's model does not compute are refused; other ``llama.*``
     keys it has never seen get a warning (they may be metadata only)."""
     arch = metadata.get("general.architecture")
@@ -311,7 +315,7 @@ def gguf_config(metadata: dict, tensor_names, where: str = "the file") -> ModelC
     for key, why in _GGUF_REFUSED.items():
         value = llama.get(key)
         if value not in (None, 0, "none"):
-            raise ValueError(f"{where}: llama.{key} = {value!r}: {why}, which tutorial_lib's model does not compute")
+            raise ValueError(f"{where}: llama.{key} = {value!r}: {why}; tutorial_lib's model does not compute it")
     unknown = sorted(set(llama) - _GGUF_READ - set(_GGUF_REFUSED))
     if unknown:
         warnings.warn(f"{where}: llama.* metadata this loader has not seen, taken as not changing the model: "

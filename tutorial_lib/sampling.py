@@ -11,7 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from .checks import IdRange, check_count, check_id_tensor, check_id_values
-from .fast_decode import fast_decoder
+from .fast_decode import FastDecoder, why_not_fast
 
 
 def top_k_filter(logits: Tensor, k: int) -> Tensor:
@@ -58,9 +58,7 @@ class Sampler:
         if (isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float))
                 or not 0 < self.temperature < float("inf")):
             raise ValueError(f"temperature must be > 0 (use greedy=True for the arg-max), got {self.temperature!r}")
-        if self.top_k is not None and (isinstance(self.top_k, bool) or not isinstance(self.top_k, int)
-                                       or self.top_k < 1):
-            raise ValueError(f"top_k must be an int >= 1, got {self.top_k!r}")
+        check_count("top_k", self.top_k, optional=True)
         if self.top_p is not None and (isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float))
                                        or not 0.0 < self.top_p <= 1.0):
             raise ValueError(f"top_p must lie in (0, 1], got {self.top_p!r}")
@@ -101,7 +99,7 @@ GREEDY = Sampler(greedy=True)
 
 
 def generate(model: nn.Module, ids: Tensor, max_new_tokens: int, *, sampler: Sampler = GREEDY,
-             use_cache: bool = True, generator: torch.Generator | None = None,
+             use_cache: bool = True, fast: bool = False, generator: torch.Generator | None = None,
              return_logits: bool = False, stop_ids=None, pad_id: int | None = None):
     """Extend ``ids`` (B, T) by ``max_new_tokens`` tokens from a decoder-only model.
 
@@ -114,11 +112,20 @@ def generate(model: nn.Module, ids: Tensor, max_new_tokens: int, *, sampler: Sam
     the prompt is run once (prefill) and every later step runs one token, reading the keys and
     values of earlier positions from the cache. When the context reaches ``max_len``, both
     crop it to the last ``max_len`` tokens, and the cached path refills its cache from that
-    window, so both always compute the same thing. The model is put in eval mode for the call
-    and restored afterwards, and it runs under ``torch.inference_mode()`` (no autograd). Returns
-    the extended ids (and the logits of every step, (B, N, V), with ``return_logits=True``) as
-    ordinary tensors, usable in a later backward pass (unless the caller is itself inside
-    ``inference_mode``).
+    window, so both always compute the same thing. Every step runs through the model's own
+    modules, so a hook or a breakpoint in any of them sees the prompt and every later token.
+
+    ``fast=True`` (with the cache) runs the one-token steps through
+    :class:`~tutorial_lib.fast_decode.FastDecoder` instead: the same operations on the same
+    weights in one function, without the module calls (the same logits, bit for bit on a CPU;
+    notebook 11 will measure what that saves). It cannot run a model whose modules would do
+    something it does not (a hook, a part it does not know, a parametrized or compiled module):
+    then generate raises a ValueError that says why, rather than quietly running the modules.
+
+    The model is put in eval mode for the call and restored afterwards, and it runs under
+    ``torch.inference_mode()`` (no autograd). Returns the extended ids (and the logits of every
+    step, (B, N, V), with ``return_logits=True``) as ordinary tensors, usable in a later
+    backward pass (unless the caller is itself inside ``inference_mode``).
     """
     cfg = getattr(model, "cfg", None)
     if getattr(cfg, "family", None) != "decoder" or not hasattr(model, "new_cache"):
@@ -130,6 +137,10 @@ def generate(model: nn.Module, ids: Tensor, max_new_tokens: int, *, sampler: Sam
     check_count("max_new_tokens", max_new_tokens, 0)
     if not callable(sampler):
         raise ValueError(f"sampler must be a Sampler, e.g. Sampler(temperature=0.8, top_k=20), got {sampler!r}")
+    if not isinstance(fast, bool):
+        raise ValueError(f"fast must be True or False, got {fast!r}")
+    if fast and not use_cache:
+        raise ValueError("fast=True runs the cached one-token steps in one function; it needs use_cache=True")
     if generator is not None and not isinstance(generator, torch.Generator):
         raise ValueError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
     stops = _stop_tensor(stop_ids, pad_id, cfg.vocab_size, ids.device)
@@ -139,7 +150,7 @@ def generate(model: nn.Module, ids: Tensor, max_new_tokens: int, *, sampler: Sam
         # inference_mode: no_grad that also skips autograd's bookkeeping of views and
         # in-place writes (a cached step of a small model is mostly such fixed costs)
         with torch.inference_mode():
-            ids, step_logits = _extend(model, ids, max_new_tokens, sampler, use_cache, generator, stops)
+            ids, step_logits = _extend(model, ids, max_new_tokens, sampler, use_cache, generator, stops, fast)
     finally:
         model.train(was_training)
     # Tensors made under inference_mode cannot be saved for a backward pass; hand back
@@ -162,24 +173,23 @@ def _stop_tensor(stop_ids, pad_id, vocab_size: int, device) -> tuple[Tensor, int
     if not isinstance(stop_ids, (list, tuple, set, frozenset)) or not stop_ids:
         raise ValueError(f"stop_ids must be an id or a non-empty list of ids, got {stop_ids!r}")
     stop_ids = sorted(stop_ids) if isinstance(stop_ids, (set, frozenset)) else list(stop_ids)
-    for i in [*stop_ids, *([] if pad_id is None else [pad_id])]:
-        if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < vocab_size:
-            raise ValueError(f"stop_ids and pad_id must be ids in [0, {vocab_size}), got {i!r}")
+    for j, i in enumerate(stop_ids):
+        check_count(f"stop_ids[{j}]", i, 0, below=vocab_size, bound_name="vocab_size", why="a token id")
+    check_count("pad_id", pad_id, 0, below=vocab_size, bound_name="vocab_size", why="a token id", optional=True)
     return torch.tensor(stop_ids, device=device), stop_ids[0] if pad_id is None else pad_id
 
 
 def _extend(model: nn.Module, ids: Tensor, max_new_tokens: int, sampler: Sampler, use_cache: bool,
-            generator: torch.Generator | None, stops: tuple[Tensor, int] | None = None
-            ) -> tuple[Tensor, list[Tensor]]:
+            generator: torch.Generator | None, stops: tuple[Tensor, int] | None = None,
+            fast: bool = False) -> tuple[Tensor, list[Tensor]]:
     """The decoding loop of :func:`generate`: (B, T) ids -> (B, T + N) ids, N logits (B, V).
 
     The prompt was checked by generate and every appended token is an id the sampler picked
     from V logits, so the model is told to skip its checks of the ids (``check_ids=False``).
     The output is allocated once and filled in place: no copy of the ids per step. With the
-    cache, the prompt goes through the modules and every one-token step through a
-    :class:`~tutorial_lib.fast_decode.FastDecoder` (the same logits, bit for bit on a CPU,
-    without the cost of ~50 module calls per token), unless the model has hooks or parts it
-    does not know (:func:`~tutorial_lib.fast_decode.fast_decoder` returns None).
+    cache, the prompt goes through the modules, and so does every one-token step unless
+    ``fast``: then a :class:`~tutorial_lib.fast_decode.FastDecoder` runs them (checked here,
+    after generate put the model in eval mode, so that training mode is no reason to refuse).
     """
     max_len = model.cfg.max_len
     B, T = ids.shape
@@ -188,7 +198,13 @@ def _extend(model: nn.Module, ids: Tensor, max_new_tokens: int, sampler: Sampler
     out[:, :T] = ids
     step_logits = []
     cache = None
-    fast_step = fast_decoder(model) if use_cache and max_new_tokens > 1 else None
+    fast_step = None
+    if fast:
+        reason = why_not_fast(model)
+        if reason is not None:
+            raise ValueError(f"generate(..., fast=True) cannot run this model's steps in FastDecoder: {reason}; "
+                             "without fast=True generate runs them through the modules")
+        fast_step = FastDecoder(model)
     stopped = None if stops is None else torch.zeros(B, dtype=torch.bool, device=ids.device)
     for end in range(T, T + max_new_tokens):  # out[:, :end] is filled
         if not use_cache:
@@ -391,9 +407,8 @@ def beam_search(model: nn.Module, src: Tensor, src_mask: Tensor | None = None, *
     hypotheses than ``n_best`` gets -inf scores in the remaining places.
     """
     _check_seq2seq_args(model, src, src_mask, max_len, {"bos_id": bos_id, "eos_id": eos_id, "pad_id": pad_id})
-    for name, value in (("beam_width", beam_width), ("n_best", n_best)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    check_count("beam_width", beam_width)
+    check_count("n_best", n_best)
     if n_best > beam_width:
         raise ValueError(f"n_best ({n_best}) cannot exceed beam_width ({beam_width})")
     if length_penalty_alpha < 0 or coverage_beta < 0:

@@ -2,8 +2,9 @@
 one small training loop (progress bar, gradient clipping with the norm logged, gradient
 accumulation, mixed precision, callbacks, a stop on non-finite values that says where).
 
-Checkpoints that resume a run exactly live in :mod:`tutorial_lib.checkpoint`; data-parallel
-training in :mod:`tutorial_lib.ddp`.
+On a CUDA GPU the loop does not wait for the GPU at every step: its steps there are
+:mod:`tutorial_lib.gpu_loop`'s. Checkpoints that resume a run exactly live in
+:mod:`tutorial_lib.checkpoint`; data-parallel training in :mod:`tutorial_lib.ddp`.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from . import gpu_loop
 from .checks import IdRange, check_count, check_id_values, check_ignore_index, check_number
 
 # ---- schedules: plain functions of the step, for torch.optim.lr_scheduler.LambdaLR ------------
@@ -394,10 +396,8 @@ def train(model: nn.Module, get_batch: Callable[[int], tuple], steps: int, *,
         raise ValueError(f"clip_norm must be positive or None (no clipping), got {clip_norm}")
     if schedule is not None and scheduler is not None:
         raise ValueError("give a schedule function or a scheduler, not both")
-    if isinstance(sync_every, bool) or not isinstance(sync_every, int) or sync_every < 1:
-        raise ValueError(f"sync_every must be an int >= 1 (steps between read-backs on a GPU), got {sync_every!r}")
-    if eval_every is not None and eval_every < 1:
-        raise ValueError(f"eval_every must be a positive int or None, got {eval_every}")
+    check_count("sync_every", sync_every, why="steps between read-backs on a GPU")
+    check_count("eval_every", eval_every, optional=True)
     device = next(model.parameters()).device
     autocast_context(precision, device)  # raises now, not mid-run, if the device cannot do it
     own = {id(p) for p in model.parameters()}
@@ -417,29 +417,36 @@ def train(model: nn.Module, get_batch: Callable[[int], tuple], steps: int, *,
     params = [p for group in optimizer.param_groups for p in group["params"]]
     max_norm = math.inf if clip_norm is None else clip_norm  # inf: measure the norm, scale by 1
     time_offset = history.seconds[-1] if history.seconds else 0.0
-    deferred = _reads_back_rarely(device, optimizer, callbacks)
+    deferred = gpu_loop.reads_back_rarely(device, optimizer, callbacks)
     if deferred:
         name_of = {id(p): n for n, p in model.named_parameters()}
         named = [(name_of[id(p)], p) for p in params]  # the optimizer's order, as clip_grad_norm_ sums
-        pending: list[_Pending] = []  # steps whose numbers are still on the GPU
+        pending: list[gpu_loop.PendingStep] = []  # steps whose numbers are still on the GPU
         healthy = torch.ones((), dtype=torch.bool, device=device)  # False from the first non-finite step on
     context = _Context(model, compute_loss, precision, device, accumulation_steps, scaler, history)
+
+    def loss_of(batch) -> Tensor:
+        with autocast_context(precision, device):
+            loss = compute_loss(model, batch)
+        _check_loss(loss, compute_loss)  # metadata only: no host sync
+        return loss
+
     model.train()
     start = time.perf_counter()
     bar = tqdm(range(start_step, steps), desc=desc, disable=not progress, leave=True)
     try:
         for step in bar:
             if deferred:
-                done, healthy = _step_on_device(context, step, get_batch, optimizer, named, clip_norm, healthy)
+                done, healthy = gpu_loop.step_on_device(loss_of, get_batch, step, optimizer, named, healthy,
+                                                        accumulation_steps=accumulation_steps, clip_norm=clip_norm,
+                                                        scaler=scaler)
                 lr, grad_norm = optimizer.param_groups[0]["lr"], None
             else:
                 optimizer.zero_grad(set_to_none=True)
                 total = 0.0
                 for micro in range(accumulation_steps):
                     batch = get_batch(step * accumulation_steps + micro)
-                    with autocast_context(precision, device):
-                        loss = compute_loss(model, batch)
-                    _check_loss(loss, compute_loss)
+                    loss = loss_of(batch)
                     if not torch.isfinite(loss):
                         raise _loss_error(context, batch, loss.item(), step + 1, micro)
                     # equal to the big batch's gradient only with equal target counts per micro-batch
@@ -502,11 +509,11 @@ def train(model: nn.Module, get_batch: Callable[[int], tuple], steps: int, *,
     return history
 
 
-# ---- the GPU loop: numbers stay on the device, read back every few steps ----------------------------
+# ---- what the two loops share: the run's context, and what the GPU loop read back -----------------
 
 
 class _Context(NamedTuple):
-    """What the step functions and the error messages need from one call of :func:`train`."""
+    """What the error messages and the read-back of the GPU loop need from one call of :func:`train`."""
 
     model: nn.Module
     compute_loss: Callable
@@ -517,108 +524,23 @@ class _Context(NamedTuple):
     history: History
 
 
-class _Pending(NamedTuple):
-    """One optimiser step of the GPU loop whose numbers have not been read back yet."""
-
-    step: int  # 1-based
-    losses: Tensor  # (accumulation_steps,) each micro-batch's loss
-    grad_norm: Tensor  # () the global gradient norm before clipping
-    grad_norms: Tensor  # (P,) the norm of each parameter's gradient, in the order of ``names``
-    names: tuple[str, ...]  # the parameters that have a gradient, in the optimizer's order
-    batches: list  # the micro-batches, kept to find where a NaN came from
-    lr: float = 0.0
-    seconds: float = 0.0
-
-
-def _reads_back_rarely(device: torch.device, optimizer: torch.optim.Optimizer, callbacks: list) -> bool:
-    """Whether :func:`train` keeps its numbers on the device between checks: on a CUDA GPU, with
-    an optimizer that can skip an update on the device (torch's fused Adam, AdamW and SGD, which
-    :func:`make_optimizer` builds there), and without callbacks (they read every step's numbers)."""
-    return device.type == "cuda" and not callbacks and getattr(optimizer, "_step_supports_amp_scaling", False)
-
-
-def _step_unless(optimizer: torch.optim.Optimizer, skip: Tensor) -> None:
-    """``optimizer.step()``, except where ``skip`` (a float 0-d tensor on the device) is 1: then
-    the fused kernel leaves the parameters and the optimizer's state as they were. This is how
-    torch.amp.GradScaler skips an overflowed step without a host sync."""
-    optimizer.grad_scale, optimizer.found_inf = None, skip
-    try:
-        optimizer.step()
-    finally:
-        del optimizer.grad_scale, optimizer.found_inf
-
-
-def _step_on_device(ctx: _Context, step: int, get_batch, optimizer, named: list, clip_norm: float | None,
-                    healthy: Tensor) -> tuple[_Pending, Tensor]:
-    """One optimiser step with no host sync. Once a loss (or, without a gradient scaler, a
-    gradient) has gone non-finite, ``healthy`` stays False and every later update is skipped on
-    the device, so the parameters stay as they were before that step until :func:`_settle` finds
-    it and says where it came from, as the step-by-step loop does."""
-    optimizer.zero_grad(set_to_none=True)
-    losses, batches = [], []
-    for micro in range(ctx.accumulation_steps):
-        batch = get_batch(step * ctx.accumulation_steps + micro)
-        with autocast_context(ctx.precision, ctx.device):
-            loss = ctx.compute_loss(ctx.model, batch)
-        _check_loss(loss, ctx.compute_loss)  # metadata only: no host sync
-        loss_to_backprop = loss / ctx.accumulation_steps
-        (ctx.scaler.scale(loss_to_backprop) if ctx.scaler else loss_to_backprop).backward()
-        losses.append(loss.detach().float())
-        batches.append(batch)
-    if ctx.scaler:
-        ctx.scaler.unscale_(optimizer)
-    with_grad = [(n, p) for n, p in named if p.grad is not None]
-    grads = [p.grad for _, p in with_grad]
-    # the norm before clipping, as clip_grad_norm_ computes it: the norm of the per-parameter norms
-    grad_norms = torch.stack(torch._foreach_norm(grads)) if grads else torch.zeros(0, device=ctx.device)
-    grad_norm = torch.linalg.vector_norm(grad_norms)
-    losses = torch.stack(losses)
-    finite_grads = torch.isfinite(grad_norm)
-    # with a scaler an overflowed gradient is a skipped step, not an error (fp16's normal business)
-    healthy = healthy & torch.isfinite(losses).all() & (finite_grads if ctx.scaler is None else True)
-    if clip_norm is not None and grads:
-        torch._foreach_mul_(grads, (clip_norm / (grad_norm + 1e-6)).clamp(max=1.0))  # clip_grad_norm_'s scaling
-    skip = ~healthy if ctx.scaler is None else ~(healthy & finite_grads)
-    _step_unless(optimizer, skip.float())
-    if ctx.scaler:
-        ctx.scaler.update()  # from the overflow check of unscale_
-    names = tuple(n for n, _ in with_grad)
-    return _Pending(step + 1, losses, grad_norm, grad_norms, names, batches), healthy
-
-
-def _settle(ctx: _Context, pending: list[_Pending], bar, *, quiet: bool = False) -> None:
-    """Read the pending steps' numbers back (one host sync) into the history, in order, and raise
+def _settle(ctx: _Context, pending: list[gpu_loop.PendingStep], bar, *, quiet: bool = False) -> None:
+    """Read the GPU loop's pending steps back (one host sync) into the history, in order, and raise
     :class:`NonFiniteError` at the first step that went non-finite (``quiet``: stop there instead)."""
-    if not pending:
-        return
-    rows = torch.stack([torch.cat([p.losses, p.grad_norm.float()[None]]) for p in pending]).tolist()
+    settled, failure = gpu_loop.read_back(pending, ctx.model, scaled=ctx.scaler is not None)
     history = ctx.history
-    try:
-        for p, row in zip(pending, rows):
-            losses, grad_norm = row[:-1], row[-1]
-            bad_micro = next((i for i, value in enumerate(losses) if not math.isfinite(value)), None)
-            if bad_micro is not None:
-                if quiet:
-                    return
-                raise _loss_error(ctx, p.batches[bad_micro], losses[bad_micro], p.step, bad_micro)
-            total = 0.0
-            for value in losses:
-                total += value / ctx.accumulation_steps
-            if ctx.scaler is None and not math.isfinite(grad_norm):
-                if quiet:
-                    return
-                norms = dict(zip(p.names, p.grad_norms.tolist()))
-                model_order = (n for n, _ in ctx.model.named_parameters() if n in norms)
-                bad = next((n for n in model_order if not math.isfinite(norms[n])), None)
-                raise _gradient_error(history, bad, total, p.step)
-            history.step.append(p.step)
-            history.loss.append(total)
-            history.lr.append(p.lr)
-            history.grad_norm.append(grad_norm)
-            history.seconds.append(p.seconds)
-            bar.set_postfix(loss=f"{total:.3f}", lr=f"{p.lr:.2e}")
-    finally:
-        pending.clear()
+    for done in settled:
+        history.step.append(done.step)
+        history.loss.append(done.loss)
+        history.lr.append(done.lr)
+        history.grad_norm.append(done.grad_norm)
+        history.seconds.append(done.seconds)
+        bar.set_postfix(loss=f"{done.loss:.3f}", lr=f"{done.lr:.2e}")
+    if failure is None or quiet:
+        return
+    if failure.kind == "loss":
+        raise _loss_error(ctx, failure.batch, failure.loss, failure.step, failure.micro)
+    raise _gradient_error(history, failure.parameter, failure.loss, failure.step)
 
 
 def _loss_error(ctx: _Context, batch, value: float, step: int, micro: int) -> NonFiniteError:

@@ -54,8 +54,13 @@ class Encoder(nn.Module):
                                     for _ in range(cfg.n_layers if n_layers is None else n_layers))
         self.final_norm = make_norm(cfg) if cfg.has_final_norm else nn.Identity()
 
+    def _check_inputs(self, x: Tensor) -> None:
+        """The input vectors' shape and dtype (metadata only); each layer checks the mask."""
+        check_vectors("x", x, self.cfg.d_model)
+
     def forward(self, x: Tensor, mask: Tensor | None = None, *, need_weights: bool = False) -> StackOutput:
         """x: (B, S, d); mask: boolean, True = may attend, e.g. a (B, 1, 1, S) padding mask."""
+        self._check_inputs(x)
         bias = position_bias(self.cfg, x.size(1), x.size(1), x.device, self.relative_bias)  # (1, h, S, S) or None
         weights = []
         for layer in self.layers:
@@ -83,7 +88,7 @@ class DecoderLayer(nn.Module):
         refuse_unbuilt_parts(cfg, "layers")
 
         def attention(rot):
-            return MultiHeadAttention(cfg.d_model, cfg.n_heads, n_kv_heads=cfg.kv_heads, head_dim=cfg.d_k,
+            return MultiHeadAttention(cfg.d_model, cfg.n_heads, n_kv_heads=cfg.kv_heads, head_dim=cfg.head_dim,
                                       bias=cfg.uses_bias("qkv"), out_bias=cfg.uses_bias("out"),
                                       dropout=cfg.dropout, rotary=rot)
 
@@ -158,9 +163,15 @@ class Decoder(nn.Module):
                                     for _ in range(cfg.decoder_layers if n_layers is None else n_layers))
         self.final_norm = make_norm(cfg) if cfg.has_final_norm else nn.Identity()
 
+    def _check_inputs(self, x: Tensor, memory: Tensor) -> None:
+        """The target vectors' and the encoder output's shapes and dtypes (metadata only)."""
+        check_vectors("x", x, self.cfg.d_model)
+        check_vectors("memory", memory, self.cfg.d_model)
+
     def forward(self, x: Tensor, memory: Tensor, self_mask: Tensor | None = None,
                 memory_mask: Tensor | None = None, *, cache: DecoderCache | None = None,
                 need_weights: bool = False) -> DecoderOutput:
+        self._check_inputs(x, memory)
         offset = 0 if cache is None else len(cache)
         T = x.size(1)
         bias = position_bias(self.cfg, T, offset + T, x.device, self.relative_bias)  # (1, h, T, offset + T) or None
@@ -215,7 +226,7 @@ class EncoderDecoder(nn.Module):
     def encode(self, src: Tensor, src_mask: Tensor | None = None, *, need_weights: bool = False) -> StackOutput:
         """src: token ids (B, S), or features (B, S, F) with a frontend -> memory (B, S, d)."""
         self._check_src(src, src_mask)
-        return self._encode(src, src_mask, need_weights, check_values=True)
+        return self._encode(src, src_mask, need_weights, check_ids=True)
 
     def _check_src(self, src: Tensor, src_mask: Tensor | None) -> None:
         """Shapes and dtypes of the source and its padding mask (no tensor data is read)."""
@@ -232,11 +243,11 @@ class EncoderDecoder(nn.Module):
                 raise ValueError(f"src_mask must be a key-padding mask (B, 1, 1, S={S}) (it serves the encoder's "
                                  f"queries and the decoder's alike), got shape {tuple(src_mask.shape)}")
 
-    def _encode(self, src: Tensor, src_mask: Tensor | None, need_weights: bool, check_values: bool) -> StackOutput:
+    def _encode(self, src: Tensor, src_mask: Tensor | None, need_weights: bool, check_ids: bool) -> StackOutput:
         if self.frontend is not None:
             x = self.src_embed.add_positions(self.frontend(src), name="src")  # (B, S, d)
         else:
-            x = self.src_embed(src, name="src", check_values=check_values)  # (B, S, d)
+            x = self.src_embed(src, name="src", check_ids=check_ids)  # (B, S, d)
         return self.encoder(x, src_mask, need_weights=need_weights)
 
     def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor | None = None,
@@ -249,7 +260,7 @@ class EncoderDecoder(nn.Module):
         ``memory`` are projected on the first call and reused afterwards.
         """
         self._check_tgt(tgt_in, tgt_mask, 0 if cache is None else len(cache))
-        return self._decode(tgt_in, memory, src_mask, tgt_mask, cache, need_weights, check_values=True)
+        return self._decode(tgt_in, memory, src_mask, tgt_mask, cache, need_weights, check_ids=True)
 
     def _check_tgt(self, tgt_in: Tensor, tgt_mask: Tensor | None, offset: int) -> None:
         check_id_tensor("tgt_in", tgt_in)
@@ -258,21 +269,18 @@ class EncoderDecoder(nn.Module):
             check_mask("tgt_mask", tgt_mask, (B, self.cfg.n_heads, T, offset + T), tgt_in.device)
 
     def _decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor | None, tgt_mask: Tensor | None,
-                cache: DecoderCache | None, need_weights: bool, check_values: bool) -> DecoderOutput:
+                cache: DecoderCache | None, need_weights: bool, check_ids: bool) -> DecoderOutput:
         offset = 0 if cache is None else len(cache)
-        y = self.tgt_embed(tgt_in, offset, name="tgt_in", check_values=check_values)  # (B, T, d)
+        y = self.tgt_embed(tgt_in, offset, name="tgt_in", check_ids=check_ids)  # (B, T, d)
         return self.decoder(y, memory, tgt_mask, src_mask, cache=cache, need_weights=need_weights)
 
     def new_cache(self) -> DecoderCache:
         return DecoderCache(len(self.decoder.layers))
 
-    def forward(self, src: Tensor, tgt_in: Tensor, targets: Tensor | None = None, *,
-                src_mask: Tensor | None = None, tgt_mask: Tensor | None = None,
-                ignore_index: int = -100, label_smoothing: float = 0.0,
-                need_weights: bool = False) -> Seq2SeqOutput:
-        """Teacher-forced pass. tgt_in: (B, T) target ids shifted right (BOS first); targets:
-        (B, T) the ids to predict, ``ignore_index`` at padding. The causal mask is always
-        applied; ``tgt_mask`` adds target padding, ``src_mask`` is the source padding."""
+    def _check_inputs(self, src: Tensor, tgt_in: Tensor, targets: Tensor | None, src_mask: Tensor | None,
+                      tgt_mask: Tensor | None, ignore_index: int, label_smoothing: float) -> None:
+        """Every argument check of :meth:`forward`: shapes, dtypes and settings from metadata,
+        then the values of every id and target of the pass in one host sync."""
         self._check_src(src, src_mask)
         self._check_tgt(tgt_in, tgt_mask, 0)
         if src.size(0) != tgt_in.size(0):
@@ -289,9 +297,17 @@ class EncoderDecoder(nn.Module):
                                  f"got {tuple(targets.shape)}")
             ranges.append(IdRange("targets", targets, self.cfg.vocab_size, check_ignore_index(ignore_index)))
         check_id_values(*ranges)  # one host sync for every id and target of the pass
-        memory, enc_w = self._encode(src, src_mask, need_weights, check_values=False)
-        y, self_w, cross_w = self._decode(tgt_in, memory, src_mask, tgt_mask, None, need_weights,
-                                          check_values=False)
+
+    def forward(self, src: Tensor, tgt_in: Tensor, targets: Tensor | None = None, *,
+                src_mask: Tensor | None = None, tgt_mask: Tensor | None = None,
+                ignore_index: int = -100, label_smoothing: float = 0.0,
+                need_weights: bool = False) -> Seq2SeqOutput:
+        """Teacher-forced pass. tgt_in: (B, T) target ids shifted right (BOS first); targets:
+        (B, T) the ids to predict, ``ignore_index`` at padding. The causal mask is always
+        applied; ``tgt_mask`` adds target padding, ``src_mask`` is the source padding."""
+        self._check_inputs(src, tgt_in, targets, src_mask, tgt_mask, ignore_index, label_smoothing)
+        memory, enc_w = self._encode(src, src_mask, need_weights, check_ids=False)  # checked above
+        y, self_w, cross_w = self._decode(tgt_in, memory, src_mask, tgt_mask, None, need_weights, check_ids=False)
         logits = self.head(y)  # (B, T, V)
         loss = None
         if targets is not None:

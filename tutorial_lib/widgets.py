@@ -10,6 +10,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
 
+from .checks import check_count
 from .plotting import plot_attention, to_numpy
 
 
@@ -156,8 +157,7 @@ def render_sampling(logits, labels: Sequence[str], *, temperature: float = 1.0, 
     V = logits.numel()
     if len(labels) != V:
         raise ValueError(f"got {len(labels)} labels for a vocabulary of {V}")
-    if isinstance(n_show, bool) or not isinstance(n_show, int) or n_show < 1:
-        raise ValueError(f"n_show must be an int >= 1, got {n_show!r}")
+    check_count("n_show", n_show)
     sampler = Sampler(temperature=temperature, top_k=top_k, top_p=top_p)  # validates the settings
     raw = logits.softmax(-1).numpy()
     drawn = sampler.probabilities(logits[None])[0].numpy()

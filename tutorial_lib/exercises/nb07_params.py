@@ -153,7 +153,7 @@ def active_count(cfg):
     experts_per_token routed experts and the shared experts; the final norm; the head unless
     it is tied to the token table."""
     d = cfg.d_model
-    attention = 2 * d * cfg.n_heads * cfg.d_k + 2 * d * cfg.kv_heads * cfg.d_k  # W_Q, W_O; W_K, W_V
+    attention = 2 * d * cfg.n_heads * cfg.head_dim + 2 * d * cfg.kv_heads * cfg.head_dim  # W_Q, W_O; W_K, W_V
     moe_ffn = (d * cfg.n_experts  # the router
                + cfg.experts_per_token * 3 * d * cfg.expert_dim + cfg.n_shared_experts * 3 * d * cfg.shared_dim)
     n_moe = len(cfg.moe_layers)
