@@ -172,17 +172,11 @@ def test_frontend_and_classifier_validate_inputs():
         SequenceClassifier(CFG, 2, pad_id=PAD)(torch.tensor([[PAD, PAD]]))
 
 
-def test_each_model_reads_ids_and_labels_on_the_host_once_and_the_backbone_can_skip_it(monkeypatch):
+def test_each_model_reads_ids_and_labels_on_the_host_once_and_the_backbone_can_skip_it(id_value_checks):
     import tutorial_lib.encoder_only
     import tutorial_lib.layers
 
-    calls = []
-    for module in (tutorial_lib.encoder_only, tutorial_lib.layers):
-        def check(*ranges, original=module.check_id_values):
-            calls.append([r.name for r in ranges])
-            return original(*ranges)
-
-        monkeypatch.setattr(module, "check_id_values", check)
+    calls = id_value_checks(tutorial_lib.encoder_only, tutorial_lib.layers)
     torch.manual_seed(0)
     ids = torch.randint(MASK + 1, V, (2, 6))
     MaskedLM(CFG)(ids, ids)

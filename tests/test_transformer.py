@@ -123,17 +123,11 @@ def test_the_stacks_check_their_inputs_before_computing():
         model.decoder(torch.randn(2, 5, 32), memory[..., :8])
 
 
-def test_forward_reads_every_id_and_target_on_the_host_once(monkeypatch):
+def test_forward_reads_every_id_and_target_on_the_host_once(id_value_checks):
     import tutorial_lib.layers
     import tutorial_lib.transformer
 
-    calls = []
-    for module in (tutorial_lib.transformer, tutorial_lib.layers):
-        def check(*ranges, original=module.check_id_values):
-            calls.append([r.name for r in ranges])
-            return original(*ranges)
-
-        monkeypatch.setattr(module, "check_id_values", check)
+    calls = id_value_checks(tutorial_lib.transformer, tutorial_lib.layers)
     model, src, tgt = model_and_batch()
     model(src, tgt, tgt)
     assert calls == [["src", "tgt_in", "targets"]], f"expected one check of all three, got {calls}"
