@@ -16,8 +16,7 @@ from .fast_decode import FastDecoder, why_not_fast
 
 def top_k_filter(logits: Tensor, k: int) -> Tensor:
     """Keep the k largest logits of each row (ties at the k-th value are kept); -inf elsewhere."""
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"top-k needs an int k >= 1, got {k!r}")
+    check_count("k", k, why="top-k keeps the k >= 1 largest logits")
     if k >= logits.size(-1):
         return logits
     kth = logits.topk(k, dim=-1).values[..., -1:]  # (..., 1)
@@ -277,8 +276,7 @@ def _check_seq2seq_args(model: nn.Module, src: Tensor, src_mask: Tensor | None, 
                                  or src_mask.size(0) not in (1, src.size(0))):
         raise ValueError(f"src_mask must be a boolean padding mask (B, 1, 1, S={src.size(1)}), "
                          f"got {src_mask.dtype} {tuple(src_mask.shape)}")
-    if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1:
-        raise ValueError(f"max_len (tokens to generate, EOS included) must be an int >= 1, got {max_len!r}")
+    check_count("max_len", max_len, why="tokens to generate, EOS included")
     limit = getattr(getattr(model, "cfg", None), "max_len", None)
     if limit is not None and max_len > limit:
         raise ValueError(f"max_len={max_len} needs decoder positions 0..{max_len - 1}, but the model "
@@ -291,8 +289,7 @@ def check_special_ids(model: nn.Module, special_ids: dict[str, int]) -> None:
     target vocabulary: an EOS id the model can never produce would decode to max_len."""
     vocab_size = getattr(getattr(model, "cfg", None), "vocab_size", None)
     for name, value in special_ids.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"{name} must be a token id (int >= 0), got {value!r}")
+        check_count(name, value, 0, why="a token id")
         if vocab_size is not None and value >= vocab_size:
             raise ValueError(f"{name}={value} is outside the model's target vocabulary [0, {vocab_size - 1}] "
                              f"(vocab_size={vocab_size})")
