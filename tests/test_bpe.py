@@ -69,11 +69,13 @@ def test_openai_encodings_give_tiktokens_ids_on_the_corpus_and_a_unicode_stress_
 def test_special_tokens_are_ids_when_allowed_and_text_otherwise(openai_pair):
     ours, reference = openai_pair
     text = "one<|endoftext|>two <|endofprompt|>"
-    assert ours.encode(text, allowed_special="all") == reference.encode(text, allowed_special="all")
+    assert ours.encode(text, allowed_special="all") == reference.encode(text, allowed_special="all"), \
+        "named as allowed, every special token is its id, as in tiktoken"
     assert ours.encode(text) == reference.encode_ordinary(text), "by default a special token's text is text"
     named = ours.encode(text, allowed_special={"<|endoftext|>"})
-    assert named == reference.encode(text, allowed_special={"<|endoftext|>"}, disallowed_special=())
-    assert named.count(ours.special_id("<|endoftext|>")) == 1
+    assert named == reference.encode(text, allowed_special={"<|endoftext|>"}, disallowed_special=()), \
+        "only the named special token becomes an id"
+    assert named.count(ours.special_id("<|endoftext|>")) == 1, "the one <|endoftext|> of the text"
     assert ours.special_id("<|endofprompt|>") not in named, "only the special token named becomes an id"
     with pytest.raises(ValueError, match="not special tokens of this tokenizer"):
         ours.encode(text, allowed_special={"<|im_end|>"})
@@ -278,7 +280,7 @@ def test_train_bpe_gives_the_vocabulary_size_asked_for_and_round_trips(corpus):
     assert [tok.vocab[bytes([b])] for b in bpe.byte_order()] == list(range(256))
     assert len(tok.encode(corpus[:30_000])) < 30_000 * 0.8, "44 merges should compress the text they came from"
     assert tok.decode(tok.encode(STRESS)) == STRESS
-    assert tok.encode("<|endoftext|>", allowed_special="all") == [299]
+    assert tok.encode("<|endoftext|>", allowed_special="all") == [299], "the special token is the last id"
     assert 299 not in tok.encode("<|endoftext|>"), "unnamed, a special token's text is text"
 
 

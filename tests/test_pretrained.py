@@ -151,7 +151,7 @@ def test_a_tokenizer_this_package_does_not_read_is_a_warning_and_none(tmp_path):
                                                         unk_token="<unk>", byte_fallback=True))
     sentencepiece_bpe.pre_tokenizer = pre_tokenizers.Metaspace()
     sentencepiece_bpe.save(str(tmp_path / "tokenizer.json"))
-    with pytest.warns(UserWarning, match="tokenizer is not one tutorial_lib.bpe reads.*SentencePiece"):
+    with pytest.warns(UserWarning, match="tokenizer is not one tutorial_lib reads.*SentencePiece"):
         loaded = pretrained.load_pretrained(tmp_path)
     assert loaded.tokenizer is None and loaded.config.vocab_size == VOCAB, "the model still loads"
 

@@ -251,10 +251,16 @@ def _tokenizer(folder: Path) -> BPETokenizer | None:
     has_files = (folder / "tokenizer.json").is_file() or (folder / "vocab.json").is_file()
     if not has_files:
         return None
+    return _tokenizer_or_warning(load_tokenizer, folder)
+
+
+def _tokenizer_or_warning(read, *args) -> BPETokenizer | None:
+    """``read(*args)``, or None with a warning: a tokenizer this package cannot read (SentencePiece,
+    an unknown pre-tokenizer) does not stop a model from loading."""
     try:
-        return load_tokenizer(folder)
+        return read(*args)
     except ValueError as err:
-        warnings.warn(f"the model loaded, but its tokenizer is not one tutorial_lib.bpe reads: {err}", stacklevel=3)
+        warnings.warn(f"the model loaded, but its tokenizer is not one tutorial_lib reads: {err}", stacklevel=4)
         return None
 
 
@@ -357,10 +363,5 @@ def _load_gguf(path: Path, dtype: torch.dtype, device: torch.device) -> Pretrain
             check_shape(m, target_slice(params, m), shapes[m.source])
         for m in maps:  # one tensor in float32 at a time
             target_slice(params, m).copy_(mapped_tensor(m, f.tensor(m.source)))
-        try:
-            tokenizer = tokenizer_from_gguf(f.metadata, path.name)
-        except ValueError as err:
-            warnings.warn(f"the model loaded, but its tokenizer is not one tutorial_lib.bpe reads: {err}",
-                          stacklevel=3)
-            tokenizer = None
+        tokenizer = _tokenizer_or_warning(tokenizer_from_gguf, f.metadata, path.name)
     return Pretrained(model.eval(), tokenizer, cfg)
