@@ -288,6 +288,13 @@ class LayerKVCache:
         grown[:, :, :filled] = buffer[:, :, :filled]
         return grown
 
+    def crop(self, length: int) -> None:
+        """Forget every position from ``length`` on (speculative decoding drops the keys and
+        values of rejected draft tokens); the buffers keep their room."""
+        if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length <= self._length:
+            raise ValueError(f"length must be an int from 0 to the {self._length} cached positions, got {length!r}")
+        self._length = length
+
     def select(self, index: Tensor) -> None:
         """Keep the sequences ``index`` (N,) of the batch, in that order (beam search)."""
         self._keys, self._values = self._keys.index_select(0, index), self._values.index_select(0, index)
@@ -312,6 +319,11 @@ class KVCache:
 
     def __getitem__(self, i: int) -> LayerKVCache:
         return self.layers[i]
+
+    def crop(self, length: int) -> None:
+        """Keep the first ``length`` positions of every layer."""
+        for layer in self.layers:
+            layer.crop(length)
 
     def nbytes(self) -> int:
         return sum(layer.nbytes() for layer in self.layers)

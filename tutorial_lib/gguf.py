@@ -293,3 +293,23 @@ def dequantize(data: Tensor, kind: str) -> Tensor:
     else:  # Q4_1
         values = d * _nibbles(blocks[..., 4:]).float() + _halves(blocks, 2)
     return values.reshape(*lead, -1)
+
+
+# ---- writing ---------------------------------------------------------------------------------------
+
+
+def save(path, model, tokenizer, kind: str = "F32", *, embedding_kind: str | None = None,
+         name: str | None = None) -> Path:
+    """Write a LLaMA-flavour :class:`~tutorial_lib.gpt.DecoderOnlyLM` and its byte-level BPE
+    tokenizer to the GGUF file ``path`` and return its path. kind: "F32", "F16", "Q8_0", "Q4_0"
+    or "Q4_1" for the blocks' matrices (norms stay F32); embedding_kind: the token table's and
+    head's type (default: kind, but Q8_0 for the 4-bit kinds); name: ``general.name``.
+
+    The inverse of :func:`read` and :func:`tutorial_lib.pretrained.load_pretrained`. The writer is
+    :mod:`tutorial_lib.gguf_write` (its docstring says what is stored, in which types, and which
+    of llama.cpp's expectations are met); it is imported when called, because it imports this
+    module, the model and the weight maps.
+    """
+    from .gguf_write import save as write
+
+    return write(path, model, tokenizer, kind, embedding_kind=embedding_kind, name=name)
