@@ -23,6 +23,14 @@ grouped as the course uses them (the README's section "The package" has the same
 |                       | `convert.py`         | weight maps from torch.nn, transformers and GGUF into our models      |
 |                       | `gguf.py`            | the GGUF format read from scratch; dequantization of its blocks       |
 |                       | `pretrained.py`      | real checkpoints (safetensors or GGUF, folder or Hub) into our models |
+|                       | `gguf_write.py`      | a course LLaMA-style model and its tokenizer written to a GGUF file   |
+| a model on a laptop   | `quant.py`           | integer quantization by hand; ggml's Q8_0/Q4_0/Q4_1 blocks, exactly   |
+|                       | `quant_linear.py`    | linear layers on quantized weights: int4/int8 kernels, frozen blocks  |
+|                       | `memory_bound.py`    | bytes a decoding step reads, memory bandwidth, a weight layout        |
+|                       | `speculative.py`     | speculative decoding: prompt-lookup drafts, exact verification        |
+| an assistant          | `lora.py`            | LoRA from scratch: wrap, freeze, count, merge; on quantized bases too |
+|                       | `sft.py`             | chat data with a loss on the assistant's tokens only; date answers    |
+|                       | `dpo.py`             | direct preference optimisation: the loss, preference pairs            |
 | training              | `data.py`            | character tokenizer, the built-in corpus, LM batches, padding         |
 |                       | `dates.py`           | the date-normalisation task of notebooks 05 and 06                    |
 |                       | `train.py`           | schedules, AdamW groups, label smoothing, the training loop           |

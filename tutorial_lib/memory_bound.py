@@ -23,16 +23,16 @@ def _distinct(tensors) -> list[Tensor]:
 
 
 def weight_bytes(model: nn.Module) -> int:
-    """Bytes of the weights a decoding step reads: every distinct parameter and buffer of
-    two or more dimensions (matrices and packed quantized weights), a tied matrix once, plus
-    the vectors (norms, biases). The embedding lookup reads one row of its table, not all of
-    it: where the table is not also the head, only that row is counted."""
+    """Bytes of the weights a decoding step reads: every distinct parameter (a tied matrix
+    once), plus the stored weights of quantized layers (those with a ``weight_bytes()``
+    method, tutorial_lib.quant_linear). The embedding lookup reads one row of its table, not
+    all of it: where the table is not also the head, only that row is counted."""
     head = getattr(model, "head", None)
     embed = getattr(getattr(model, "embed", None), "tokens", None)
     table = embed.weight if isinstance(embed, nn.Embedding) else None
     tied = table is not None and isinstance(head, nn.Linear) and head.weight is table
-    total = 0
-    for t in _distinct(list(model.parameters()) + [b for b in model.buffers() if b.dim() >= 1]):
+    total = sum(m.weight_bytes() for m in model.modules() if m is not model and hasattr(m, "weight_bytes"))
+    for t in _distinct(model.parameters()):
         if table is not None and t is table and not tied:
             total += t.size(1) * t.element_size()  # one row per token
         else:
