@@ -2,7 +2,8 @@
 (tutorial_lib.pretrained.bundled_gguf, a Q4_1 GGUF file dequantized to float32) through
 tutorial_lib's ``generate`` with the KV cache, by its default path (the model's own modules at
 every step) and with ``fast=True`` (each one-token step as one function, FastDecoder), against
-``transformers``' ``generate(do_sample=False)`` (its own cache) on the same float32 weights.
+``transformers``' ``generate(do_sample=False)`` (its own cache) on the same float32 weights,
+and both of ours again with the weight matrices stored column by column (see below).
 Target: ours at least 1.25x as fast (printed as PASS or MISS for each path, not asserted).
 
     python benchmarks/bench_real_decode.py [--tokens 128] [--rounds 5] [--threads N]
@@ -35,7 +36,15 @@ Attention is about 1 ms a step on both. The difference is the rest: ours runs a 
 operations a step besides the products (3-5 ms); transformers runs more (separate q, k and v
 products, a cache grown by torch.cat, dtype casts) and its generate adds work per token. So the
 ratio is about (products + their rest) / (products + ours), 1.1-1.2x on an idle machine; a
-1.25x lead needs faster products, not less overhead. On a busy machine the timings say little:
+1.25x lead needs faster products, not less overhead.
+
+Faster products: the "column-major" paths hold the same weights stored column by column
+(``tutorial_lib.memory_bound.column_major``: strides (1, out)), so that F.linear of one
+vector runs as a product with a contiguous (in, out) matrix, which torch's CPU kernel streams
+faster than the row-by-row dot products of the usual layout (1.2-1.5x per step in notebook 11
+and in benchmarks/bench_decode_bits.py on this machine). The sums run in another order, so
+the logits differ in their last bits; the script asserts that the tokens are still identical
+to transformers' in every round. On a busy machine the timings say little:
 with a neighbour on one core every 2-thread parallel region can wait a scheduler slice, and
 the side with more such regions loses more (the ratio then swings from below 1 to above 3).
 """
@@ -53,6 +62,7 @@ import torch
 import torch.nn.functional as F
 from _machine import load, time_step
 
+from tutorial_lib.memory_bound import column_major
 from tutorial_lib.pretrained import bundled_gguf, load_pretrained
 from tutorial_lib.sampling import GREEDY, generate
 
@@ -145,6 +155,15 @@ def main() -> None:
     def run_fast(n: int) -> torch.Tensor:
         return generate(ours, prompt, n, sampler=GREEDY, fast=True)
 
+    columns = load_pretrained(path).model
+    column_major(columns)  # the same values, each matrix stored column by column
+
+    def run_columns(n: int) -> torch.Tensor:
+        return generate(columns, prompt, n, sampler=GREEDY)
+
+    def run_columns_fast(n: int) -> torch.Tensor:
+        return generate(columns, prompt, n, sampler=GREEDY, fast=True)
+
     def run_hf(n: int) -> torch.Tensor:
         with torch.inference_mode():
             return theirs.generate(prompt, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
@@ -153,6 +172,7 @@ def main() -> None:
     speeds = bandwidth()
     floor_s, floor_bytes = matvec_floor(ours)
     runs = {"tutorial_lib generate (modules)": run_ours, "tutorial_lib generate(fast=True)": run_fast,
+            "tutorial_lib modules, column-major": run_columns, "tutorial_lib fast=True, column-major": run_columns_fast,
             "transformers generate": run_hf}
     for run in runs.values():
         run(WARM_UP_TOKENS)
@@ -181,13 +201,13 @@ def main() -> None:
           f"torch {torch.__version__}, transformers {hf_version}; median of {args.rounds} rounds after a warm-up")
     print(f"  reply begins: {reply[:60]!r}")
     for name, t in times.items():
-        print(f"  {name:<33}: {ms[name]:7.1f} ms/token  ({statistics.median(t):5.2f} s; rounds "
+        print(f"  {name:<37}: {ms[name]:7.1f} ms/token  ({statistics.median(t):5.2f} s; rounds "
               f"{', '.join(f'{x:.2f}' for x in t)})")
     best_hf = min(times["transformers generate"])
-    for name in list(runs)[:2]:
+    for name in list(runs)[:4]:
         ratio = ms_hf / ms[name]
         verdict = "PASS" if ratio >= 1.25 else "MISS"
-        print(f"  transformers / {name[13:]:<18}: {ratio:7.2f}x   target >= 1.25x  {verdict}"
+        print(f"  transformers / {name[13:]:<23}: {ratio:7.2f}x   target >= 1.25x  {verdict}"
               f"   (fastest rounds: {best_hf / min(times[name]):.2f}x; the slower rounds of a shared machine "
               "measure its neighbours too)")
     print("memory-bound limit")
@@ -205,7 +225,7 @@ def main() -> None:
           f"{floor_bytes / MB:.1f} MB of weight matrices and nothing else ({floor_bytes / floor_s / 1e9:.1f} GB/s: "
           "the kernel both sides run)")
     for name, m in ms.items():
-        print(f"  {name:<33}: {m / bound_ms:7.2f}x the bound ({bound_ms / m:.0%} of the bandwidth-bound speed), "
+        print(f"  {name:<37}: {m / bound_ms:7.2f}x the bound ({bound_ms / m:.0%} of the bandwidth-bound speed), "
               f"{m - bound_ms:5.1f} ms/token above it, {m - floor_s * 1e3:5.1f} above the products alone")
     print(f"{load()}; the script took {time.perf_counter() - start:.0f} s after its imports")
 

@@ -116,7 +116,7 @@ def test_an_enlarged_gpu_setting_breaks_the_budget(tmp_path):
 
 
 def test_settings_that_cannot_be_counted_are_an_error(tmp_path):
-    unplanned = write_notebook(tmp_path / "11_new.ipynb", [SETTING_CELL.format(d=64, steps=10)])
+    unplanned = write_notebook(tmp_path / "99_new.ipynb", [SETTING_CELL.format(d=64, steps=10)])
     with pytest.raises(t4.SettingError, match="no plan"):
         t4.estimate(unplanned)
     renamed = write_notebook(tmp_path / "00_x.ipynb", [SETTING_CELL.format(d=64, steps=10)])

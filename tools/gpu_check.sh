@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The checks that need a CUDA GPU, as one run: the GPU's name and the precision training will use,
-# the CUDA tests, then every notebook 00-10 executed with its GPU setting (pick_setting picks it by
+# the CUDA tests, then every notebook 00-12 executed with its GPU setting (pick_setting picks it by
 # itself on CUDA), each on a copy with a time limit, and a table of the seconds each took beside
 # the FLOP-budget estimate for a T4 (tools/t4_estimates.py). Logs and the executed notebooks go to
 # $OUT (default build/gpu); the table also goes to $OUT/notebooks.log, for the README.
@@ -16,7 +16,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-build/gpu}
 PYTHON=${PYTHON:-python3}
 PER_NOTEBOOK=${PER_NOTEBOOK:-300}   # seconds each notebook may take (the budget is 180 s of training)
-NOTEBOOKS=${NOTEBOOKS:-"00 01 02 03 04 05 06 07 08 09 10"}
+NOTEBOOKS=${NOTEBOOKS:-"00 01 02 03 04 05 06 07 08 09 10 11 12"}
 export MPLBACKEND=Agg PYTHONUNBUFFERED=1
 mkdir -p "$OUT" "$OUT/notebooks"
 

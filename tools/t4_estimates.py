@@ -244,8 +244,16 @@ def plan_09(s) -> list[Run]:
                 lm_step(char, g["batch"], g["block"]))]
 
 
+def plan_11(s) -> list[Run]:
+    g = s["S"]
+    small = dataclasses.replace(LLAMA_TINY, vocab_size=g["vocab"], d_model=g["d_model"], n_layers=g["n_layers"],
+                                d_ff=3 * g["d_model"], max_len=g["block"])
+    return [Run("the small LLaMA-style model quantized and saved", g["steps"], lm_step(small, g["batch"], g["block"]))]
+
+
 PLANS: dict[str, Callable[[dict[str, dict]], list[Run]]] = {
-    "00": plan_00, "03": plan_03, "04": plan_04, "05": plan_05, "06": plan_06, "08": plan_08, "09": plan_09}
+    "00": plan_00, "03": plan_03, "04": plan_04, "05": plan_05, "06": plan_06, "08": plan_08, "09": plan_09,
+    "11": plan_11}
 
 
 class _Reads(dict):
