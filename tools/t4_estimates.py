@@ -251,9 +251,24 @@ def plan_11(s) -> list[Run]:
     return [Run("the small LLaMA-style model quantized and saved", g["steps"], lm_step(small, g["batch"], g["block"]))]
 
 
+def plan_12(s) -> list[Run]:
+    g = s["S"]
+    # SmolLM2-135M (the bundled model's GGUF metadata); a chat example is about 70 tokens. Counted as
+    # full training steps (6 FLOPs per parameter and token): LoRA skips the weights' gradients, so
+    # this is an upper bound
+    smol = dataclasses.replace(LLAMA_TINY, vocab_size=49152, d_model=576, n_layers=30, n_heads=9, n_kv_heads=3,
+                               d_ff=1536, max_len=8192, tie_embeddings=True)
+    chat = 72
+    return [Run("LoRA fine-tuning, masked (and the unmasked comparison)", g["steps"] + g["early"],
+                lm_step(smol, g["batch"], chat)),
+            Run("on the 4-bit base and on its float32 copy", 2 * g["q_steps"], lm_step(smol, g["batch"], chat)),
+            Run("DPO: chosen and rejected, with the frozen reference's forward", g["dpo_steps"],
+                lm_step(smol, 2 * g["dpo_batch"], chat) * 4 / 3)]
+
+
 PLANS: dict[str, Callable[[dict[str, dict]], list[Run]]] = {
     "00": plan_00, "03": plan_03, "04": plan_04, "05": plan_05, "06": plan_06, "08": plan_08, "09": plan_09,
-    "11": plan_11}
+    "11": plan_11, "12": plan_12}
 
 
 class _Reads(dict):

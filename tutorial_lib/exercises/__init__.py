@@ -26,11 +26,12 @@ from . import (
     nb09_real,
     nb10_parallel,
     nb11_laptop,
+    nb12_finetuning,
 )
 from .core import Exercise, Mistake, Result, grade, same, source_of
 
 _MODULES = [nb01_attention, nb02_masks, nb03_positions, nb04_encoder, nb05_seq2seq, nb06_llm, nb07_params,
-            nb08_training, nb09_real, nb10_parallel, nb11_laptop]
+            nb08_training, nb09_real, nb10_parallel, nb11_laptop, nb12_finetuning]
 EXERCISES: dict[str, Exercise] = {ex.name: ex for module in _MODULES for ex in module.EXERCISES}
 
 
