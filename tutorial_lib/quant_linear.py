@@ -27,20 +27,19 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import gguf
+from .quant import quantize, quantize_symmetric
 
 GROUP = 32  # values per block (ggml) and per group (PyTorch's int4 kernel)
 Q4_1_BYTES = 20  # d (fp16), m (fp16), 16 bytes of nibbles
 
 
 def _q4_1_parts(blocks: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """(out, n_blocks * 20) Q4_1 bytes -> d, m (out, n_blocks) float32 and q (out, in) int32."""
+    """(out, n_blocks * 20) Q4_1 bytes -> d, m (out, n_blocks) float32 and q (out, in) int32,
+    read with the GGUF reader's own helpers."""
     out = blocks.size(0)
     b = blocks.reshape(out, -1, Q4_1_BYTES)  # (out, n_blocks, 20)
-    d = b[..., 0:2].contiguous().view(torch.float16).float().squeeze(-1)
-    m = b[..., 2:4].contiguous().view(torch.float16).float().squeeze(-1)
-    packed = b[..., 4:]
-    q = torch.cat([packed & 0x0F, packed >> 4], dim=-1)  # low nibbles: elements 0..15; high: 16..31
-    return d, m, q.reshape(out, -1).to(torch.int32)
+    d, m = gguf._halves(b, 0).squeeze(-1), gguf._halves(b, 2).squeeze(-1)
+    return d, m, gguf._nibbles(b[..., 4:]).reshape(out, -1).to(torch.int32)
 
 
 class Int4Linear(nn.Module):
@@ -80,8 +79,6 @@ class Int4Linear(nn.Module):
     @classmethod
     def from_float(cls, weight: Tensor, bias: Tensor | None = None) -> Int4Linear:
         """Quantize a float (out, in) weight to ``Q4_1`` (ggml's encoder, tutorial_lib.quant) first."""
-        from .quant import quantize
-
         return cls.from_q4_1(quantize(weight.detach().float().cpu(), "Q4_1"), bias)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -115,8 +112,6 @@ class Int8Linear(nn.Module):
 
     @classmethod
     def from_float(cls, weight: Tensor, bias: Tensor | None = None) -> Int8Linear:
-        from .quant import quantize_symmetric
-
         q = quantize_symmetric(weight.detach().float().cpu(), 8, "channel")
         return cls(q.q.contiguous(), q.scale.to(torch.bfloat16), None if bias is None else bias.detach().clone())
 
@@ -169,8 +164,6 @@ class BlockQuantLinear(nn.Module):
 
     @classmethod
     def from_float(cls, weight: Tensor, kind: str, bias: Tensor | None = None) -> BlockQuantLinear:
-        from .quant import quantize
-
         return cls(quantize(weight.detach().float().cpu(), kind).to(weight.device), kind,
                    None if bias is None else bias.detach().clone())
 

@@ -169,11 +169,9 @@ def verify_guesses(logits: Tensor, guess: list[int], sampler: Sampler, generator
         return guess[:n], choice[n]
     probs = sampler.probabilities(logits)  # (1 + n, V)
     for i, t in enumerate(guess):
-        p = probs[i]
-        if float(torch.rand((), generator=generator)) >= float(p[t]):  # kept with probability p(t) / 1
-            residual = p.clone()
-            residual[t] = 0
-            if float(residual.sum()) <= 0:  # p was all on t after all (rounding)
-                return guess[:i + 1], int(torch.multinomial(probs[i + 1], 1, generator=generator))
-            return guess[:i], int(torch.multinomial(residual / residual.sum(), 1, generator=generator))
+        # a deterministic draft puts all of q on its guess: kept with probability p(t), else a draw of p without t
+        kept, token = accept_or_resample(probs[i], torch.nn.functional.one_hot(torch.tensor(t), probs.size(-1))
+                                         .to(probs.dtype), t, generator)
+        if not kept:
+            return guess[:i], token
     return guess, int(torch.multinomial(probs[len(guess)], 1, generator=generator))
