@@ -13,7 +13,15 @@ from hypothesis import strategies as st
 from tutorial_lib.config import LLAMA_TINY, ModelConfig
 from tutorial_lib.gpt import DecoderOnlyLM
 from tutorial_lib.layers import FeedForward
-from tutorial_lib.moe import MoEFeedForward, capture_routing, expert_counts, load_balancing_loss, route
+from tutorial_lib.moe import (
+    MoEFeedForward,
+    capacity_mask,
+    capture_routing,
+    expert_capacity,
+    expert_counts,
+    load_balancing_loss,
+    route,
+)
 from tutorial_lib.params import count_parameters, counted, expected_parameters, unique_parameter_count
 from tutorial_lib.train import loss_with_aux, make_optimizer, train
 
@@ -348,3 +356,101 @@ def test_dense_layers_read_from_json_become_a_tuple_and_unbuilt_attention_is_ref
     for changes, match in ((dict(qk_norm=True), "qk_norm=True"), (dict(kv_lora_rank=8, n_kv_heads=None), "latent")):
         with pytest.raises(ValueError, match=match):
             DecoderOnlyLM(dataclasses.replace(counted(MOE), **changes))
+
+
+# ---- a capacity factor: assignments past an expert's slots are dropped -----------------------------
+
+def kept_by_a_loop(experts: list[list[int]], n_experts: int, capacity: int) -> list[list[bool]]:
+    """The rule written out: first choices of all tokens in order, then second choices, ...;
+    an expert accepts an assignment while it has fewer than `capacity`."""
+    taken = [0] * n_experts
+    kept = [[False] * len(row) for row in experts]
+    for choice in range(len(experts[0])):
+        for token, row in enumerate(experts):
+            if taken[row[choice]] < capacity:
+                taken[row[choice]] += 1
+                kept[token][choice] = True
+    return kept
+
+
+def test_expert_capacity_by_hand():
+    assert expert_capacity(10, 2, 4, 1.0) == 5  # 20 assignments over 4 experts
+    assert expert_capacity(10, 2, 4, 1.25) == 7  # ceil(6.25)
+    assert expert_capacity(10, 2, 4, 2.0) == 10  # E / k: every token, nothing can be dropped
+    assert expert_capacity(3, 1, 8, 0.1) == 1  # ceil of 0.0375
+
+
+def test_capacity_mask_by_hand():
+    experts = torch.tensor([[0, 1], [0, 2], [0, 1], [1, 0]])  # capacity ceil(1.0 * 4 * 2 / 4) = 2
+    assert capacity_mask(experts, 4, 1.0).tolist() == [[True, True], [True, True], [False, False], [True, False]]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 30), st.integers(1, 4), st.integers(0, 3), st.sampled_from([0.3, 0.5, 1.0, 1.25, 2.0]),
+       st.integers(0, 1000))
+def test_capacity_mask_equals_the_loop(n_tokens, k, extra_experts, cf, seed):
+    E = k + extra_experts
+    g = torch.Generator().manual_seed(seed)
+    skew = torch.linspace(2.0, 0.0, E)  # a skewed router, so that some experts overflow
+    experts = (torch.randn(n_tokens, E, generator=g) + skew).topk(k, dim=-1).indices
+    capacity = expert_capacity(n_tokens, k, E, cf)
+    kept = capacity_mask(experts, E, cf)
+    assert kept.tolist() == kept_by_a_loop(experts.tolist(), E, capacity)
+    per_expert = torch.bincount(experts[kept], minlength=E)
+    assert (per_expert <= capacity).all()
+    assert (per_expert == torch.minimum(expert_counts(experts, E), torch.tensor(capacity))).all(), \
+        "an expert is filled up to its capacity before anything is dropped"
+
+
+def test_block_with_a_capacity_drops_exactly_the_assignments_past_it():
+    block = moe_block(experts_per_token=2)
+    with torch.no_grad():
+        block.router.weight[1] += 2.0  # most tokens want expert 1
+    block.capacity_factor = 1.0
+    x = torch.randn(3, 6, 16).abs()
+    with torch.no_grad():
+        out = block(x)
+        flat = x.reshape(-1, 16)
+        kept = kept_by_a_loop(out.routing.experts.tolist(), 4, expert_capacity(18, 2, 4, 1.0))
+        assert not all(all(row) for row in kept), "the test needs some assignments dropped"
+        for n in range(flat.size(0)):  # one token at a time: the kept experts, the unrenormalised weights
+            expected = torch.zeros(16)
+            for w, e, keep in zip(out.routing.weights[n], out.routing.experts[n].tolist(), kept[n]):
+                if keep:
+                    expected = expected + w * block.experts[e](flat[n])
+            torch.testing.assert_close(out.x.reshape(-1, 16)[n], expected, atol=1e-6, rtol=1e-5)
+
+
+def test_a_capacity_of_every_token_is_the_dropless_block():
+    block = moe_block(experts_per_token=2)
+    with torch.no_grad():
+        block.router.weight[1] += 5.0
+        block.router.weight[3] += 4.0  # every token on experts 1 and 3
+    x = torch.randn(2, 7, 16).abs()
+    with torch.no_grad():
+        dropless = block(x).x
+        block.capacity_factor = 2.0  # E / k: an expert may take every token
+        assert torch.equal(block(x).x, dropless)
+        block.capacity_factor = 1.0
+        assert not torch.allclose(block(x).x, dropless), "at 1.0 half the assignments to 1 and 3 are dropped"
+
+
+@pytest.mark.parametrize("cf,match", [(0.0, r"capacity_factor must lie in \(0, inf\), got 0.0"),
+                                      (-1.0, "capacity_factor must lie in"), (float("nan"), "must be a finite number"),
+                                      (True, "must be a finite number")])
+def test_capacity_factor_must_be_positive(cf, match):
+    with pytest.raises(ValueError, match=match):
+        MoEFeedForward(MOE, capacity_factor=cf)
+    with pytest.raises(ValueError, match=match):
+        capacity_mask(torch.zeros(3, 2, dtype=torch.long), 4, cf)
+    with pytest.raises(ValueError, match=match):
+        expert_capacity(3, 2, 4, cf)
+
+
+def test_capacity_mask_refuses_bad_expert_indices():
+    with pytest.raises(ValueError, match="must be an integer tensor"):
+        capacity_mask(torch.zeros(3, 2), 4, 1.0)
+    with pytest.raises(ValueError, match=r"must lie in \[0, 3\], got values from 0 to 4"):
+        capacity_mask(torch.tensor([[0, 4]]), 4, 1.0)
+    with pytest.raises(ValueError, match=r"shape \(tokens, k\), got \(3,\)"):
+        capacity_mask(torch.zeros(3, dtype=torch.long), 4, 1.0)

@@ -34,6 +34,7 @@ import torch.distributed as dist
 from torch.distributed import _functional_collectives as funcol
 
 from tutorial_lib import parallel as P
+from tutorial_lib import parallel_by_hand as H
 from tutorial_lib import parallel_runs as R
 from tutorial_lib.config import ModelConfig
 from tutorial_lib.gpt import DecoderOnlyLM
@@ -183,6 +184,10 @@ def test_the_traffic_formulas_on_numbers_worked_by_hand():
     assert P.bubble_fraction(4, 12) == 3 / 15 and P.bubble_fraction(1, 5) == 0
     with pytest.raises(ValueError, match="microbatches must be a positive int"):
         P.bubble_fraction(2, 0)
+    # interleaved 1F1B, v chunks per rank: the fill and drain slots are v times shorter
+    assert P.bubble_fraction(4, 12, chunks=2) == 3 / 27 and P.bubble_fraction(2, 4, chunks=1) == 1 / 5
+    with pytest.raises(ValueError, match="chunks must be a positive int"):
+        P.bubble_fraction(2, 4, chunks=0)
     with pytest.raises(ValueError, match="scheme must be one of"):
         P.expected_traffic(cfg, "zero", 2, batch=4, seq_len=4)
 
@@ -339,3 +344,31 @@ def test_the_gradient_check_catches_a_tied_table_gradient_averaged(runs):
     assert difference["gradients_worst"] == "embed.tokens.weight", difference
     assert abs(difference["gradients"] - 0.5) < 1e-3, ("the table's gradient should be half the true one", difference)
     assert difference["gradients"] > 1000 * GRADIENT_TOLERANCE, difference
+
+
+# ---- the collectives and the split layers written by hand (tutorial_lib.parallel_by_hand) ----------
+
+
+def test_the_by_hand_layers_in_one_process_are_plain_linear_layers():
+    t, ref = H.layers(), H.one_process()
+    assert torch.allclose(ref["column"], torch.nn.functional.linear(t["x"], t["w1"], t["b1"]))
+    assert ref["ffn"].shape == (H.BATCH, H.D_OUT) and not torch.allclose(ref["ffn"], H.one_process(seed=1)["ffn"])
+
+
+@pytest.mark.multiprocess
+def test_collectives_and_split_layers_by_hand_in_two_processes():
+    ranks = H.launch_by_hand(2)
+    ref = H.one_process()
+    assert [r["rank"] for r in ranks] == [0, 1]
+    for r in ranks:
+        c = r["collectives"]
+        assert c["all_reduce"] == [10.0, 12.0, 14.0, 16.0], c  # [0, 1, 2, 3] + [10, 11, 12, 13]
+        assert c["all_gather"] == [0.0, 1.0, 2.0, 3.0, 10.0, 11.0, 12.0, 13.0], c
+        assert c["reduce_scatter"] == [[10.0, 12.0], [14.0, 16.0]][r["rank"]], c
+        assert r["held"] == {"w1": [H.D_HIDDEN // 2, H.D_IN], "w2": [H.D_OUT, H.D_HIDDEN // 2]}, r["held"]
+        for key in ("column", "row", "ffn"):
+            assert torch.allclose(r[key], ref[key], rtol=1e-5, atol=1e-5), (key, (r[key] - ref[key]).abs().max())
+    # each rank's partial sum alone is not the output, and the two add up to it (with the bias once)
+    partials = [r["row_partial"] for r in ranks]
+    assert all((p - ref["row"]).abs().max() > 0.1 for p in partials)
+    assert torch.allclose(partials[0] + partials[1] + H.layers()["b2"], ref["row"], atol=1e-5)

@@ -5,7 +5,7 @@ import torch
 from matplotlib.figure import Figure
 
 from tutorial_lib.plotting import plot_attention
-from tutorial_lib.widgets import AttentionExplorer, attention_explorer, render_attention
+from tutorial_lib.widgets import AttentionExplorer, attention_explorer, render_attention, show_with_picture
 
 
 def weights(L=2, h=3, T=4, S=5, seed=0):
@@ -70,3 +70,22 @@ def test_explorer_falls_back_to_a_static_figure_outside_a_kernel():
     fig = attention_explorer(weights(1, 2))  # no IPython kernel in pytest
     assert isinstance(fig, Figure)
     assert isinstance(attention_explorer(weights(1, 2), static=False), AttentionExplorer)
+
+
+def test_a_displayed_explorer_carries_a_picture_for_static_views(monkeypatch):
+    """A saved notebook opened without a kernel (GitHub, the site) shows the PNG, not 'VBox(...)'."""
+    import base64
+
+    import IPython.display
+
+    shown = []
+    monkeypatch.setattr(IPython.display, "display", lambda obj, raw=False: shown.append((obj, raw)))
+    explorer = AttentionExplorer(weights(), list("abcd"), list("vwxyz"))
+    explorer.head.value = 1
+    explorer._ipython_display_()
+    (bundle, raw), = shown
+    assert raw and "application/vnd.jupyter.widget-view+json" in bundle
+    assert base64.b64decode(bundle["image/png"]) == bytes(explorer.image.value), "the picture of the current setting"
+    assert "VBox" not in bundle["text/plain"]
+    with pytest.raises(ValueError, match="PNG bytes"):
+        show_with_picture(explorer.widget, b"not a png")

@@ -251,10 +251,29 @@ def test_colab_urls_are_built_from_the_configured_repository():
 
 
 def test_readme_curriculum_lists_every_notebook_with_its_colab_link():
+    """The main path first, in order; then the optional "going further" notebooks, in order."""
     text = (ROOT / "README.md").read_text()
-    table = text.split("## Curriculum", 1)[1].split("\n## ", 1)[0]
-    rows = [line for line in table.splitlines() if re.match(r"^\| \d\d \|", line)]
-    assert [row.split("|")[1].strip() for row in rows] == [p.name[:2] for p in NOTEBOOKS]
-    for row, path in zip(rows, NOTEBOOKS):
-        assert f"(notebooks/{path.name})" in row, f"the README row {path.name[:2]} does not link {path.name}"
-        assert f"({project.colab_url(path.name)})" in row, f"the README row {path.name[:2]} has no Colab link"
+    section = text.split("## Curriculum", 1)[1].split("\n## ", 1)[0]
+    main, _, further = section.partition("### Going further")
+    rows = {}
+    for part in (main, further):
+        numbers = []
+        for line in part.splitlines():
+            if re.match(r"^\| \d\d[a-z]? \|", line):
+                numbers.append(line.split("|")[1].strip())
+                rows[numbers[-1]] = line
+        assert numbers == sorted(numbers), f"README rows out of order: {numbers}"
+    assert sorted(rows) == sorted(project.notebook_number(p.name) for p in NOTEBOOKS), "one row per notebook"
+    assert further.strip(), "the README has a '### Going further' table"
+    for path in NOTEBOOKS:
+        row = rows[project.notebook_number(path.name)]
+        assert f"(notebooks/{path.name})" in row, f"the README row of {path.name} does not link it"
+        assert f"({project.colab_url(path.name)})" in row, f"the README row of {path.name} has no Colab link"
+
+
+def test_notebook_numbers_take_an_optional_letter():
+    assert project.notebook_number("06a_three_families.ipynb") == "06a"
+    assert project.notebook_number("12_finetuning.ipynb") == "12"
+    for bad in ("6_x.ipynb", "06ab_x.ipynb", "06_x.txt", "notes.ipynb"):
+        with pytest.raises(ValueError, match="06a_topic.ipynb"):
+            project.notebook_number(bad)

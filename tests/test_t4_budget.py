@@ -18,10 +18,11 @@ from test_gpu_settings import mocked_gpu
 from tutorial_lib.config import GPT_TINY
 from tutorial_lib.device import default_precision, pick_setting
 from tutorial_lib.params import flops_per_token
+from tutorial_lib.project import notebook_number
 from tutorial_lib.train import _gradient_scaler, autocast_context
 
 ROOT = Path(__file__).resolve().parent.parent
-NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]*_*.ipynb"))
 
 
 def load_tool():
@@ -145,9 +146,9 @@ def test_a_gpu_without_bf16_gets_fp16_autocast_and_a_gradient_scaler(gpu, capabi
 
 def test_gpu_check_runs_every_notebook_and_refuses_a_machine_without_a_gpu(tmp_path):
     script = (ROOT / "tools" / "gpu_check.sh").read_text()
-    listed = re.search(r'^NOTEBOOKS=\$\{NOTEBOOKS:-"([0-9 ]+)"\}', script, flags=re.M)
+    listed = re.search(r'^NOTEBOOKS=\$\{NOTEBOOKS:-"([0-9a-z ]+)"\}', script, flags=re.M)
     assert listed, "gpu_check.sh must list its default notebooks"
-    assert listed[1].split() == [p.name[:2] for p in NOTEBOOKS], "every notebook, in order"
+    assert listed[1].split() == [notebook_number(p.name) for p in NOTEBOOKS], "every notebook, in order"
     if torch.cuda.is_available() or shutil.which("bash") is None:
         pytest.skip("a GPU is here (or no bash): run the script itself")
     done = subprocess.run(["bash", str(ROOT / "tools" / "gpu_check.sh")], capture_output=True, text=True,

@@ -38,6 +38,7 @@ if str(ROOT) not in sys.path:
 
 from tutorial_lib.config import GPT_TINY, LLAMA_TINY, PRESETS, ModelConfig  # noqa: E402
 from tutorial_lib.params import flops_per_token  # noqa: E402
+from tutorial_lib.project import notebook_number  # noqa: E402
 
 # NVIDIA Tesla T4 datasheet: peak FLOPs per second by precision.
 T4_PEAK = {"fp16": 65e12, "fp32": 8.1e12, "bf16": 8.1e12}  # bf16: emulated, at best the FP32 rate
@@ -221,6 +222,19 @@ def plan_06(s) -> list[Run]:
             Run("decoder-only and prefix-LM on dates", 2 * D["steps"], lm_step(decoder, D["batch"], prompt))]
 
 
+def plan_07a(s) -> list[Run]:
+    A = s["A"]
+    dense = dataclasses.replace(LLAMA_TINY, vocab_size=char_vocab(), d_model=A["d_model"], n_layers=A["n_layers"],
+                                n_heads=A["n_heads"], n_kv_heads=A["n_heads"] // 2,
+                                d_ff=8 * (8 * A["d_model"] // 3 // 8), max_len=A["block"])
+    moe = dataclasses.replace(dense, n_experts=4, experts_per_token=2, expert_d_ff=dense.d_ff // 2)
+    same_total = dataclasses.replace(dense, d_ff=4 * moe.expert_d_ff)
+    # two MoE runs, the dense model of the same total, the dense model of the same active at three seeds;
+    # each counted at the costlier of the dense-same-total and MoE steps
+    step = max(lm_step(cfg, A["batch"], A["block"]) for cfg in (moe, same_total))
+    return [Run("MoE and dense comparison (6 runs)", 6 * A["steps"], step)]
+
+
 def plan_08(s) -> list[Run]:
     g = s["setting"]
     base = ModelConfig(family="decoder", vocab_size=char_vocab(), d_model=g["d_model"], n_layers=g["n_layers"],
@@ -267,8 +281,8 @@ def plan_12(s) -> list[Run]:
 
 
 PLANS: dict[str, Callable[[dict[str, dict]], list[Run]]] = {
-    "00": plan_00, "03": plan_03, "04": plan_04, "05": plan_05, "06": plan_06, "08": plan_08, "09": plan_09,
-    "11": plan_11, "12": plan_12}
+    "00": plan_00, "03": plan_03, "04": plan_04, "05": plan_05, "06": plan_06, "07a": plan_07a, "08": plan_08,
+    "09": plan_09, "11": plan_11, "12": plan_12}
 
 
 class _Reads(dict):
@@ -305,7 +319,7 @@ def estimate(path: Path, settings: dict[str, tuple[dict, dict]] | None = None) -
     settings = read_settings(path) if settings is None else settings
     if not settings:
         return None
-    number = path.name[:2]
+    number = notebook_number(path.name)
     if number not in PLANS:
         raise SettingError(f"{path.name} picks a setting ({', '.join(settings)}) but tools/t4_estimates.py has "
                            "no plan of its training cells: add one to PLANS")
@@ -320,7 +334,7 @@ def estimate(path: Path, settings: dict[str, tuple[dict, dict]] | None = None) -
 
 def table(folder: Path) -> str:
     rows = [f"{'notebook':<28} {'training FLOPs':>14} {'steps':>6} {'T4 estimate':>12}"]
-    for path in sorted(Path(folder).glob("[0-9][0-9]_*.ipynb")):
+    for path in sorted(Path(folder).glob("[0-9][0-9]*_*.ipynb")):
         found = estimate(path)
         if found is None:
             rows.append(f"{path.name:<28} {'-':>14} {'-':>6} {'no GPU setting':>14}")

@@ -39,6 +39,7 @@ grouped as the course uses them (the README's section "The package" has the same
 | scale                 | `ddp.py`             | data-parallel training with DDP, one process or several               |
 |                       | `parallel.py`        | FSDP2, tensor- and pipeline-parallel plans on PyTorch's APIs          |
 |                       | `parallel_runs.py`   | the two-process runs of notebook 10                                   |
+|                       | `parallel_by_hand.py` | collectives and column/row-parallel layers by hand (notebook 10) |
 | counting              | `params.py`          | exact parameter counts, memory and FLOPs from a config                |
 | what the learner sees | `plotting.py`        | the figures: heatmaps, masks, positions, probes, curves               |
 |                       | `widgets.py`         | interactive explorers, with a static figure where widgets cannot run  |

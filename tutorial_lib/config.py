@@ -365,7 +365,7 @@ TRANSFORMER_BASE = ModelConfig(
 )  # max_len changes no parameter here: the sinusoidal table is computed, not learned
 TRANSFORMER_BIG = replace(TRANSFORMER_BASE, d_model=1024, n_heads=16, d_ff=4096, dropout=0.3)
 
-# ---- mixtures of experts (counted in notebook 07; each is what from_hf_config reads) -----------
+# ---- mixtures of experts (counted in notebook 07a; each is what from_hf_config reads) -----------
 
 # Mixtral-8x7B-v0.1 (Jiang et al., 2024; "mistralai/Mixtral-8x7B-v0.1" config.json): Mistral-7B's
 # attention, and in every layer 8 SwiGLU experts of Mistral's width, 2 per token.

@@ -22,22 +22,26 @@ training signal. :func:`load_balancing_loss` is the auxiliary loss of Switch Tra
 implementation provides the same loss (``router_aux_loss_coef``, 0.02 in Mixtral's config.json),
 though the Mixtral paper does not describe its training loss.
 
-This implementation is *dropless*: every token reaches all of its k experts (no capacity
-factor, no token is dropped when an expert is popular). The loop over experts is written
-out; each expert gathers its tokens, runs on them at once, and scatters its weighted output
-back with one ``index_add_``.
+By default the block is *dropless*: every token reaches all of its k experts, however many
+tokens chose the same one. With a *capacity factor* ``cf`` (Switch Transformer, section 2.1)
+each expert holds at most ``ceil(cf * N * k / E)`` of a call's N * k (token, choice)
+assignments (:func:`expert_capacity`); the assignments past that are dropped
+(:func:`capacity_mask`): they add nothing to the output, and the token keeps its residual.
+The loop over experts is written out; each expert gathers its tokens, runs on them at once,
+and scatters its weighted output back with one ``index_add_``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator
 from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
 
-from .checks import check_count, check_vectors
+from .checks import check_count, check_number, check_vectors
 from .config import ModelConfig
 from .layers import FeedForward
 
@@ -115,6 +119,38 @@ def expert_counts(experts: Tensor, n_experts: int) -> Tensor:
     return torch.bincount(experts.flatten(), minlength=n_experts)
 
 
+def expert_capacity(n_tokens: int, k: int, n_experts: int, capacity_factor: float) -> int:
+    """The slots of one expert: ``ceil(capacity_factor * n_tokens * k / n_experts)``, the even
+    share of the ``n_tokens * k`` assignments times the capacity factor. A token picks an expert
+    at most once, so an expert never gets more than ``n_tokens``: from ``capacity_factor =
+    n_experts / k`` on, nothing can be dropped."""
+    check_count("n_experts", n_experts)
+    check_count("k", k, maximum=n_experts, why="the number of experts")
+    check_count("n_tokens", n_tokens, 0)
+    check_number("capacity_factor", capacity_factor, low=0.0, low_open=True)
+    return math.ceil(capacity_factor * n_tokens * k / n_experts)
+
+
+def capacity_mask(experts: Tensor, n_experts: int, capacity_factor: float) -> Tensor:
+    """Which assignments fit: an (N, k) bool tensor from the (N, k) expert indices of a
+    :class:`Routing`, False where the expert was full.
+
+    An expert's slots fill in order of choice, then of token: first every token's first choice
+    (tokens in row-major order of (B, T)), then every token's second choice, and so on; an
+    assignment that finds its expert's :func:`expert_capacity` slots taken is dropped. (This is
+    one rule among several: implementations also order by router probability, or drop at
+    random.)"""
+    expert_counts(experts, n_experts)  # for its checks of the indices
+    if experts.dim() != 2:
+        raise ValueError(f"experts must have shape (tokens, k), got {tuple(experts.shape)}")
+    N, k = experts.shape
+    capacity = expert_capacity(N, k, n_experts, capacity_factor)
+    by_choice = experts.t().reshape(-1)  # (k * N,): all first choices, then all second choices, ...
+    one_hot = torch.nn.functional.one_hot(by_choice, n_experts)  # (k * N, E)
+    place = (one_hot.cumsum(0) * one_hot).sum(-1) - 1  # each assignment's place in its expert's queue
+    return (place < capacity).reshape(k, N).t()  # (N, k)
+
+
 class MoEFeedForward(nn.Module):
     """A mixture-of-experts FFN built from a config: a linear router without bias, ``n_experts``
     :class:`~tutorial_lib.layers.FeedForward` experts of width ``expert_dim`` (gated when the
@@ -126,12 +162,20 @@ class MoEFeedForward(nn.Module):
     same input equals one FFN whose inner units are theirs side by side (without biases, the
     same parameters and the same output; with biases the merged FFN has one output bias, not
     one per shared expert).
+
+    ``capacity_factor``: None (the default) routes dropless; a number > 0 limits each expert to
+    :func:`expert_capacity` assignments per call and drops the rest (:func:`capacity_mask`).
+    The capacity counts the tokens of one call, so it depends on the batch. The attribute may be
+    changed on a built block, as the notebooks do.
     """
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, capacity_factor: float | None = None):
         super().__init__()
         if not cfg.n_experts:
             raise ValueError("MoEFeedForward needs a config with n_experts > 0")
+        if capacity_factor is not None:
+            check_number("capacity_factor", capacity_factor, low=0.0, low_open=True)
+        self.capacity_factor = capacity_factor
         d, bias = cfg.d_model, cfg.uses_bias("ffn")
         self.k, self.renormalise = cfg.experts_per_token, cfg.renormalise_topk
         self.router = nn.Linear(d, cfg.n_experts, bias=False)
@@ -151,9 +195,12 @@ class MoEFeedForward(nn.Module):
         flat = x.reshape(-1, x.size(-1))  # (N, d), N = B * T
         logits = self.router(flat)  # (N, E)
         weights, experts = route(logits, self.k, self.renormalise)  # (N, k) each
+        chosen = experts
+        if self.capacity_factor is not None:  # assignments past an expert's capacity get index -1: never chosen
+            chosen = experts.masked_fill(~capacity_mask(experts, len(self.experts), self.capacity_factor), -1)
         out = torch.zeros_like(flat)
         for e, expert in enumerate(self.experts):
-            token, slot = torch.where(experts == e)  # the tokens that chose e, and in which of their k places
+            token, slot = torch.where(chosen == e)  # the tokens that chose e, and in which of their k places
             if token.numel() == 0:
                 continue
             y = expert(flat[token]) * weights[token, slot, None]  # gather, run, weight: (n_e, d)

@@ -193,15 +193,20 @@ def ring_bytes_sent(kind: str, payload: float, world_size: int) -> float:
     return payload * factors[kind]
 
 
-def bubble_fraction(stages: int, microbatches: int) -> float:
-    """The share of a GPipe or 1F1B step a stage waits, when every stage takes the same time per
-    micro-batch and sending costs nothing: (S - 1) / (M + S - 1), the step being M + S - 1
-    micro-batch slots of which each stage works M. Huang et al. (2019, GPipe) give the bubble
-    overhead as O((K - 1) / (M + K - 1)); Narayanan et al. (2021) measure it against the
-    compute instead of the whole step, (p - 1) / m."""
-    for name, value in (("stages", stages), ("microbatches", microbatches)):
+def bubble_fraction(stages: int, microbatches: int, chunks: int = 1) -> float:
+    """The share of a pipeline step a stage waits, when every stage takes the same time per
+    micro-batch and sending costs nothing: (S - 1) / (M + S - 1) for GPipe and 1F1B, the step
+    being M + S - 1 micro-batch slots of which each stage works M. Huang et al. (2019, GPipe)
+    give the bubble overhead as O((K - 1) / (M + K - 1)); Narayanan et al. (2021, SC21) measure
+    it against the compute instead of the whole step, (p - 1) / m.
+
+    ``chunks`` = v > 1: interleaved 1F1B (Narayanan et al., 2021, section 2.2.2), where each rank
+    holds v chunks of layers (rank r the chunks r, r + S, ...): the fill and the drain take
+    slots v times shorter, so the bubble is (S - 1) / (v M + S - 1), for v times as many sends.
+    Zero-bubble schedules (Qi et al., 2024) fill it further and are not counted here."""
+    for name, value in (("stages", stages), ("microbatches", microbatches), ("chunks", chunks)):
         check_count(name, value)
-    return (stages - 1) / (microbatches + stages - 1)
+    return (stages - 1) / (chunks * microbatches + stages - 1)
 
 
 # ---- counting what is sent ---------------------------------------------------------------------

@@ -40,6 +40,20 @@ def install_spec(revision: str, url: str = REPOSITORY_URL) -> str:
     return f"tutorial_lib @ git+{url}@{revision}"
 
 
+# A notebook's file name starts with its number: two digits, then a letter for a part that was
+# split off (06a) or an optional "going further" notebook (08b), then "_".
+_NOTEBOOK_NAME = re.compile(r"^(?P<number>\d\d[a-z]?)_[^/]+\.ipynb$")
+
+
+def notebook_number(name: str) -> str:
+    """``"06a"`` for ``06a_three_families.ipynb``: the number that the README, the T4 plans and the
+    GPU check list the notebook under."""
+    found = _NOTEBOOK_NAME.match(name)
+    if not found:
+        raise ValueError(f"expected a notebook file name like '06_topic.ipynb' or '06a_topic.ipynb', got {name!r}")
+    return found["number"]
+
+
 def colab_url(notebook: str, url: str = REPOSITORY_URL, revision: str = REVISION) -> str:
     """The address that opens ``notebooks/<notebook>`` from the repository in Colab."""
     prefix = "https://github.com/"

@@ -65,6 +65,26 @@ def _figure_png(fig: Figure) -> bytes:
     return buffer.getvalue()
 
 
+def show_with_picture(widget, png: bytes) -> None:
+    """Display ``widget`` with a PNG of its starting position in the same output.
+
+    A live notebook draws the widget (its renderer ranks first); a static view of the saved
+    notebook (GitHub, nbconvert, the course's site) has no kernel to draw it and shows the
+    picture instead of the text ``VBox(children=...)``.
+    """
+    import base64
+
+    from IPython.display import display
+
+    png = bytes(png) if isinstance(png, (bytes, memoryview)) else png  # an Image widget holds a memoryview
+    if not isinstance(png, bytes) or not png.startswith(b"\x89PNG"):
+        raise ValueError(f"expected the PNG bytes of the widget's picture, got {type(png).__name__}")
+    bundle = dict(widget._repr_mimebundle_())
+    bundle["image/png"] = base64.b64encode(png).decode("ascii")
+    bundle["text/plain"] = "an interactive explorer: run the notebook to move its controls"
+    display(bundle, raw=True)
+
+
 def widgets_available() -> bool:
     """True inside a running IPython kernel with ipywidgets installed."""
     try:
@@ -109,9 +129,7 @@ class AttentionExplorer:
         self.image.value = _figure_png(self._figure)
 
     def _ipython_display_(self):
-        from IPython.display import display
-
-        display(self.widget)
+        show_with_picture(self.widget, self.image.value)
 
 
 def attention_explorer(weights, q_tokens=None, k_tokens=None, *, static: bool | None = None):
@@ -263,9 +281,7 @@ class SamplingPlayground:
         self.image.value = _figure_png(self._figure)
 
     def _ipython_display_(self):
-        from IPython.display import display
-
-        display(self.widget)
+        show_with_picture(self.widget, self.image.value)
 
 
 def sampling_playground(model, tokenizer, prompt: str, *, static: bool | None = None, n_samples: int = 3,
@@ -411,9 +427,7 @@ class MemoryCalculator:
         self.image.value = _figure_png(self._figure)
 
     def _ipython_display_(self):
-        from IPython.display import display
-
-        display(self.widget)
+        show_with_picture(self.widget, self.image.value)
 
 
 def memory_calculator(configs: dict, *, static: bool | None = None, device_gib: float | None = None,

@@ -1,6 +1,6 @@
-"""Exercises of notebook 07 (parameter counter): counting a block, a whole GPT, the KV cache,
-the FLOPs of a training step, and the parameters a mixture of experts uses per token.
-Answers are exact integers."""
+"""Exercises of notebook 07 (parameter counter): counting a block, a whole GPT, the KV cache and
+the FLOPs of a training step; and, for the going-further notebook 07a, the parameters a mixture
+of experts uses per token (07.active_params). Answers are exact integers."""
 
 from __future__ import annotations
 
