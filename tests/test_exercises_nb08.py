@@ -16,14 +16,16 @@ from tutorial_lib.exercises.nb08_training import (
     grad_scaler_scales,
     micro_batch_losses,
     sampler_indices,
+    smoothed_targets,
     warmup_cosine_lr,
 )
 from tutorial_lib.train import warmup_cosine_schedule
 
-NAMES = ["08.warmup_cosine_lr", "08.grad_scaler_scales", "08.micro_batch_losses", "08.sampler_indices"]
+NAMES = ["08.warmup_cosine_lr", "08.smoothed_targets", "08.grad_scaler_scales", "08.micro_batch_losses",
+         "08.sampler_indices"]
 
 
-def test_notebook_08_has_these_four_exercises():
+def test_notebooks_08_and_08a_have_these_five_exercises():
     assert [n for n in EXERCISES if n.startswith("08.")] == NAMES
 
 
@@ -35,6 +37,33 @@ def test_reference_passes_and_every_named_mistake_is_named(name):
     for label, mistake in exercise.mistakes.items():
         result = check(name, mistake.fn)
         assert result.status == MISTAKE and f"'{label}'" in result.message, (label, str(result))
+
+
+# ---- 08.smoothed_targets ------------------------------------------------------------------------
+
+def test_smoothed_targets_without_never_classes_is_pytorchs_label_smoothing():
+    g = torch.Generator().manual_seed(0)
+    logits, targets = torch.randn(9, 20, generator=g), torch.randint(0, 20, (9,), generator=g)
+    q = smoothed_targets(targets, 20, 0.1, [])
+    assert torch.allclose(F.cross_entropy(logits, q), F.cross_entropy(logits, targets, label_smoothing=0.1), atol=1e-6)
+
+
+def test_smoothed_targets_gives_never_classes_nothing_and_the_loss_is_the_formula():
+    g = torch.Generator().manual_seed(1)
+    logits, targets = torch.randn(6, 14, generator=g), torch.randint(2, 14, (6,), generator=g)
+    eps, q = 0.1, smoothed_targets(targets, 14, 0.1, [0, 1])
+    assert torch.allclose(q.sum(-1), torch.ones(6)) and not q[:, :2].any()
+    logp = logits.log_softmax(-1)
+    by_formula = ((1 - eps) * -logp.gather(1, targets[:, None]).squeeze(1) - eps * logp[:, 2:].mean(-1)).mean()
+    assert torch.allclose(F.cross_entropy(logits, q), by_formula, atol=1e-6)
+
+
+def test_smoothed_targets_rejects_the_builtin():
+    attempt = lambda targets, vocab_size, eps, never: torch.nn.functional.one_hot(targets, vocab_size)  # noqa: E731
+    def uses_it(targets, vocab_size, eps, never):
+        return F.cross_entropy(torch.zeros(1, 2), torch.zeros(1, dtype=torch.long), label_smoothing=eps)
+    assert check("08.smoothed_targets", uses_it).status == WRONG
+    assert check("08.smoothed_targets", attempt).status == WRONG
 
 
 # ---- 08.warmup_cosine_lr ------------------------------------------------------------------------

@@ -1,9 +1,10 @@
-"""Exercises of notebook 08 (training recipes): a learning rate at a step of warmup + cosine,
-the gradient scaler's scale over a run, the exact loss of padded micro-batches, and the
-indices a DistributedSampler hands each process.
+"""Exercises of notebooks 08 and 08a (training recipes). Notebook 08: a learning rate at a step
+of warmup + cosine, and a label-smoothed target that gives never-target classes nothing.
+Notebook 08a: the gradient scaler's scale over a run, the exact loss of padded micro-batches,
+and the indices a DistributedSampler hands each process (their names keep the prefix "08.").
 
-The notebook explains each rule in prose and uses the library's version of it; none of these
-functions is written out there.
+The notebooks explain each rule in prose and use the library's version of it, where there is
+one; none of these functions is written out there.
 """
 
 from __future__ import annotations
@@ -68,6 +69,51 @@ def _lr_not_held(step, peak_lr, warmup_steps, total_steps, min_ratio):
         return peak_lr * (step + 1) / warmup_steps
     progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
     return peak_lr * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+# ---- 08.smoothed_targets: label smoothing without the never-target classes ----------------------
+
+def smoothed_targets(targets, vocab_size, eps, never):
+    """The smoothed target distribution, (N, V): PyTorch's convention (1 - eps on the target, eps
+    shared equally by the classes, the target among them) with the classes in ``never`` taken out:
+    they get 0, and eps is shared by the K = V - len(never) others."""
+    allowed = torch.ones(vocab_size, dtype=torch.bool)
+    allowed[list(never)] = False
+    k = int(allowed.sum())
+    q = torch.zeros(len(targets), vocab_size)
+    q[:, allowed] = eps / k
+    q[torch.arange(len(targets)), targets] += 1 - eps
+    return q
+
+
+def _smooth_cases():
+    g = _gen(8)
+    cases = []
+    for n, vocab, eps, never in ((5, 14, 0.1, [0, 1]), (7, 30, 0.2, [0]), (4, 10, 0.1, []),
+                                 (6, 50, 0.05, [0, 1, 2])):
+        targets = torch.randint(len(never), vocab, (n,), generator=g)  # never a never-target class
+        cases.append((targets, vocab, eps, never))
+    return cases
+
+
+def _smooth_pytorch_convention(targets, vocab_size, eps, never):
+    q = torch.full((len(targets), vocab_size), eps / vocab_size)
+    q[torch.arange(len(targets)), targets] += 1 - eps
+    return q
+
+
+def _smooth_shared_by_v(targets, vocab_size, eps, never):
+    q = smoothed_targets(targets, vocab_size, eps, never)
+    allowed = q[0] > 0
+    q[:, allowed] -= eps / int(allowed.sum()) - eps / vocab_size
+    return q
+
+
+def _smooth_target_left_out(targets, vocab_size, eps, never):
+    q = torch.full((len(targets), vocab_size), eps / (vocab_size - len(never) - 1))
+    q[:, list(never)] = 0.0
+    q[torch.arange(len(targets)), targets] = 1 - eps
+    return q
 
 
 # ---- 08.grad_scaler_scales: the gradient scaler over a run ------------------------------------------
@@ -301,6 +347,31 @@ EXERCISES = [
             "the rate rises again after total_steps": Mistake(
                 _lr_not_held, "Past total_steps the cosine would climb back towards the peak: cap the "
                               "progress at 1, so the rate stays at its floor."),
+        },
+    ),
+    Exercise(
+        name="08.smoothed_targets",
+        task="smoothed_targets(targets, vocab_size, eps, never): the (N, V) smoothed target distribution for "
+             "the class ids targets (N,): 1 - eps on the target plus an equal share of eps for each of the "
+             "K = V - len(never) classes not in never (the target among them, as in PyTorch's convention); 0 "
+             "on the classes in never. Every row sums to 1.",
+        cases=_smooth_cases,
+        reference=smoothed_targets,
+        atol=1e-7,
+        forbidden=("label_smoothing",),
+        mistakes={
+            "the never-target classes still get eps / V": Mistake(
+                _smooth_pytorch_convention, "That is PyTorch's label_smoothing, which spreads eps over all V "
+                                            "classes, PAD and BOS included: set the classes in never to 0 and "
+                                            "share eps among the other K = V - len(never)."),
+            "eps shared by V, not by the K allowed classes": Mistake(
+                _smooth_shared_by_v, "With the never classes at 0, each allowed class must get eps / K, "
+                                     "K = V - len(never); eps / V leaves the row summing to less than 1."),
+            "the target left out of the share": Mistake(
+                _smooth_target_left_out, "That is the Annotated Transformer's form (1 - eps on the target, eps "
+                                         "over the other classes). The task keeps PyTorch's convention: the "
+                                         "target is one of the K classes that share eps, so it gets "
+                                         "1 - eps + eps / K."),
         },
     ),
     Exercise(
