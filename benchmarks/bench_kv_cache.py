@@ -11,7 +11,7 @@ at batch 1 at most 0.5 ms per token for the tiny GPT, and >= 2x ``transformers``
 
 The presets' context (max_len=128) is raised to 1024 so that all 528 positions fit in one
 window: past max_len, generate crops the context and refills the cache at every step, and
-the cache no longer saves anything (notebook 06, section 4, shows why). Each model is built
+the cache no longer saves anything (notebook 06, section 5, shows why). Each model is built
 as the ``transformers`` model of the preset's shape (GPT2LMHeadModel, LlamaForCausalLM, random
 weights from seed 0) and converted (tutorial_lib.convert.from_hf_model), so all three paths
 run the same weights; the script checks that they produce the same tokens before it prints a

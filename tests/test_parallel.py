@@ -169,6 +169,17 @@ def test_the_per_rank_counts_divide_the_model_as_each_scheme_does():
         assert P.rank_parameters(cfg, "tp", 2) == total - split + split // 2, flavour
         assert P.expected_memory(cfg, "tp", 2)["optimizer_states"] == 8 * P.rank_parameters(cfg, "tp", 2)
         assert P.expected_memory(cfg, "fsdp", 2)["gradients"] == 4 * total / 2
+        # 2-D: tp's share within a pair, sharded again across the pairs
+        assert P.rank_parameters(cfg, "fsdp_tp", 4) * 2 == P.rank_parameters(cfg, "tp", 2)
+        assert P.rank_parameters(cfg, "fsdp_tp", 8) * 4 == P.rank_parameters(cfg, "tp", 2)
+
+
+def test_the_two_d_mesh_needs_pairs_of_ranks():
+    cfg = small("gpt")
+    for world_size in (2, 3, 5):
+        with pytest.raises(ValueError, match=f"at least 4, got {world_size}"):
+            P.rank_parameters(cfg, "fsdp_tp", world_size)
+    assert P.tp_pairs(4) == 2 and P.tp_pairs(8) == 4
 
 
 def test_the_traffic_formulas_on_numbers_worked_by_hand():
@@ -188,6 +199,14 @@ def test_the_traffic_formulas_on_numbers_worked_by_hand():
     assert P.bubble_fraction(4, 12, chunks=2) == 3 / 27 and P.bubble_fraction(2, 4, chunks=1) == 1 / 5
     with pytest.raises(ValueError, match="chunks must be a positive int"):
         P.bubble_fraction(2, 4, chunks=0)
+    # 2-D over 2 pairs: tp's all-reduces for half the batch; fsdp's traffic of tp's piece, across 2
+    tp_piece, half = P.rank_parameters(cfg, "tp", 2, vocab_parallel=False), P.expected_traffic(
+        cfg, "tp", 2, batch=2, seq_len=4, vocab_parallel=False)
+    split = (".qkv.", ".out.weight", ".ffn.up.", ".ffn.gate.", ".ffn.down.weight")  # halved; the rest whole
+    blocks = sum(p.numel() // 2 if any(k in n for k in split) else p.numel()
+                 for n, p in DecoderOnlyLM(cfg).named_parameters() if n.startswith("blocks."))
+    assert P.expected_traffic(cfg, "fsdp_tp", 4, batch=4, seq_len=4, vocab_parallel=False) == {
+        **half, "all_gather": (tp_piece + blocks) * 4 / 2, "reduce_scatter": tp_piece * 4}
     with pytest.raises(ValueError, match="scheme must be one of"):
         P.expected_traffic(cfg, "zero", 2, batch=4, seq_len=4)
 
@@ -344,6 +363,22 @@ def test_the_gradient_check_catches_a_tied_table_gradient_averaged(runs):
     assert difference["gradients_worst"] == "embed.tokens.weight", difference
     assert abs(difference["gradients"] - 0.5) < 1e-3, ("the table's gradient should be half the true one", difference)
     assert difference["gradients"] > 1000 * GRADIENT_TOLERANCE, difference
+
+
+TWO_D = [R.Case("fsdp_tp", flavour, n_layers=2) for flavour in ("gpt", "llama")]
+
+
+@pytest.mark.multiprocess
+def test_fsdp_across_tensor_parallel_pairs_in_four_processes_trains_like_one_process():
+    """The 2-D mesh: two pairs of ranks, tensor parallelism within each pair, FSDP across them;
+    every count of bytes held and handed to collectives equals its formula."""
+    for case, ranks in zip(TWO_D, R.launch_cases(TWO_D, nproc=4)):
+        check_like_one_process(case, ranks, R.train_one_process(case))
+        L = case.n_layers
+        calls = {"all_gather": 1 + 2 * L, "reduce_scatter": 1 + L, "all_reduce": 4 * L + 2 + 3}
+        assert all(r["traffic"]["calls"] == calls for r in ranks), [r["traffic"]["calls"] for r in ranks]
+        cfg = R.case_model(case)[0]
+        assert ranks[0]["memory"]["weights"] * 2 == 4 * P.rank_parameters(cfg, "tp", 2), "half of a tp rank's piece"
 
 
 # ---- the collectives and the split layers written by hand (tutorial_lib.parallel_by_hand) ----------

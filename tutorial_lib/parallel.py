@@ -43,7 +43,8 @@ from .gpt import DecoderOnlyLM
 from .layers import position_bias
 from .params import block_parameters, expected_parameters, training_bytes
 
-SCHEMES = ("ddp", "fsdp", "tp", "pp")
+SCHEMES = ("ddp", "fsdp", "tp", "pp", "fsdp_tp")
+TP_2D = 2  # fsdp_tp: tensor parallelism within pairs of ranks, FSDP across the N / 2 pairs (a 2-D mesh)
 SCHEDULES = ("gpipe", "1f1b")
 
 
@@ -102,21 +103,23 @@ def rank_parameters(cfg: ModelConfig, scheme: str, world_size: int, rank: int = 
     the embedding and head by vocabulary when asked) plus whole copies of the rest: norms, the
     position table, and the biases of the row-parallel matrices, which are added once after
     the sum. pp: the stage's layers, the embeddings on the first stage, the final norm and the
-    head on the last (a tied head is a second copy of the token table there).
+    head on the last (a tied head is a second copy of the token table there). fsdp_tp: the 2-D
+    mesh of :func:`two_d_mesh`, tensor parallelism's share over ``TP_2D`` ranks, sharded again
+    by FSDP across the N / ``TP_2D`` pairs.
     """
     if scheme not in SCHEMES:
         raise ValueError(f"scheme must be one of {SCHEMES}, got {scheme!r}")
+    if scheme == "fsdp_tp":
+        return rank_parameters(cfg, "tp", TP_2D, vocab_parallel=vocab_parallel) / tp_pairs(world_size)
     counts = expected_parameters(cfg)
-    total, d, L = counts["total"], cfg.d_model, cfg.n_layers
+    total, L = counts["total"], cfg.n_layers
     if scheme == "ddp":
         return total
     if scheme == "fsdp":
         return total / world_size
     if scheme == "tp":
         check_tensor_parallel(cfg, world_size, vocab_parallel)
-        split = sum(counts[f"decoder.{k}"] for k in ("attn.q", "attn.k", "attn.v", "attn.o", "ffn.up",
-                                                     "ffn.gate", "ffn.down"))
-        split -= L * d * (cfg.uses_bias("out") + cfg.uses_bias("ffn"))  # row-parallel biases: whole
+        split = _split_in_blocks(cfg, counts)
         if vocab_parallel:
             split += counts["embed.tokens"] + counts["head"]  # head: 0 when tied (it is the table)
         return total - split + split // world_size
@@ -130,6 +133,14 @@ def rank_parameters(cfg: ModelConfig, scheme: str, world_size: int, rank: int = 
     return held
 
 
+def _split_in_blocks(cfg: ModelConfig, counts: dict[str, int]) -> int:
+    """The blocks' parameters that tensor parallelism splits: Q, K, V, the output projection and
+    the FFN's matrices, less the row-parallel matrices' biases (kept whole)."""
+    split = sum(counts[f"decoder.{k}"] for k in ("attn.q", "attn.k", "attn.v", "attn.o", "ffn.up", "ffn.gate",
+                                                 "ffn.down"))
+    return split - cfg.n_layers * cfg.d_model * (cfg.uses_bias("out") + cfg.uses_bias("ffn"))
+
+
 def expected_memory(cfg: ModelConfig, scheme: str, world_size: int, rank: int = 0, *,
                     vocab_parallel: bool = True) -> dict[str, float]:
     """Bytes of weights, gradients and AdamW's two moments on one rank, float32 throughout:
@@ -137,6 +148,8 @@ def expected_memory(cfg: ModelConfig, scheme: str, world_size: int, rank: int = 
     parameters the rank holds (:func:`rank_parameters`)."""
     if scheme == "fsdp":
         held, share = expected_parameters(cfg)["total"], 1 / world_size
+    elif scheme == "fsdp_tp":  # fsdp's 1/G of what tp leaves the rank
+        held, share = rank_parameters(cfg, "tp", TP_2D, vocab_parallel=vocab_parallel), 1 / tp_pairs(world_size)
     else:
         held, share = rank_parameters(cfg, scheme, world_size, rank, vocab_parallel=vocab_parallel), 1
     parts = training_bytes(held, "fp32")
@@ -148,23 +161,34 @@ def expected_traffic(cfg: ModelConfig, scheme: str, world_size: int, rank: int =
     """The bytes one rank hands to each kind of collective in one training step (its payload:
     the tensor it contributes), from the config and the global batch of ``batch`` sequences.
 
-    ddp: one all-reduce of every gradient. fsdp: an all-gather of every parameter before the
-    forward pass, again of each block's before its backward pass (blocks free their gathered
-    weights after the forward pass; the outermost module keeps its own until backward), each
-    rank contributing its 1/N; a reduce-scatter of every gradient. tp: per block two all-reduces
-    of the (B, T, d) activations forward (after attention's output projection and after the
-    FFN's down matrix) and two backward (the gradients of the two sublayers' inputs), plus, when
-    the vocabulary is split, one forward after the embedding lookup, one backward at the head's
-    input, and three of B * T values for the loss (the maximum logit, the sum of exponentials and
-    the target's log-probability). pp: at every stage boundary the (B/M, T, d) activations go forward and
-    their gradients come back, for each of M micro-batches; with a tied head the first and the
-    last stage also all-reduce the token table's gradient (:func:`sync_tied_embedding`).
+    ddp: one all-reduce of every gradient. fsdp_tp (N / ``TP_2D`` tensor-parallel pairs): tp's
+    all-reduces within the rank's pair, for the pair's share of the batch, and fsdp's
+    all-gathers and reduce-scatters across the pairs, of the piece tp leaves the rank. fsdp: an
+    all-gather of every parameter before the forward pass, again of each block's before its
+    backward pass (blocks free their gathered weights after the forward pass; the outermost
+    module keeps its own until backward), each rank contributing its 1/N; a reduce-scatter of
+    every gradient. tp: per block two all-reduces of the (B, T, d) activations forward (after
+    attention's output projection and after the FFN's down matrix) and two backward (the
+    gradients of the two sublayers' inputs), plus, when the vocabulary is split, one forward
+    after the embedding lookup, one backward at the head's input, and three of B * T values for
+    the loss (the maximum logit, the sum of exponentials and the target's log-probability). pp:
+    at every stage boundary the (B/M, T, d) activations go forward and their gradients come
+    back, for each of M micro-batches; with a tied head the first and the last stage also
+    all-reduce the token table's gradient (:func:`sync_tied_embedding`).
     """
     b, d, L = bytes_per_value, cfg.d_model, cfg.n_layers
     activations = batch * seq_len * d * b  # (B, T, d)
     total = expected_parameters(cfg)["total"]
     if scheme == "ddp":
         return {"all_reduce": total * b}
+    if scheme == "fsdp_tp":
+        groups = tp_pairs(world_size)
+        traffic = expected_traffic(cfg, "tp", TP_2D, batch=batch // groups, seq_len=seq_len,
+                                   vocab_parallel=vocab_parallel, bytes_per_value=b)
+        held = rank_parameters(cfg, "tp", TP_2D, vocab_parallel=vocab_parallel)
+        split = _split_in_blocks(cfg, expected_parameters(cfg))
+        in_blocks = L * block_parameters(cfg)["total"] - split + split // TP_2D  # the pair's share of the blocks
+        return {**traffic, "all_gather": (held + in_blocks) * b / groups, "reduce_scatter": held * b}
     if scheme == "fsdp":
         in_blocks = L * block_parameters(cfg)["total"]
         return {"all_gather": (total + in_blocks) * b / world_size, "reduce_scatter": total * b}
@@ -298,6 +322,34 @@ def apply_fsdp(model: DecoderOnlyLM, mesh) -> DecoderOnlyLM:
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
     return model
+
+
+def tp_pairs(world_size: int) -> int:
+    """fsdp_tp: how many tensor-parallel pairs N ranks make (the model replicas FSDP shards
+    across). Raises ValueError unless N is a multiple of ``TP_2D`` with at least two pairs."""
+    if world_size < 2 * TP_2D or world_size % TP_2D:
+        raise ValueError(f"fsdp_tp puts tensor parallelism over {TP_2D} ranks and FSDP across the pairs: it needs "
+                         f"a multiple of {TP_2D} ranks, at least {2 * TP_2D}, got {world_size}")
+    return world_size // TP_2D
+
+
+def two_d_mesh(device_type: str, world_size: int):
+    """The 2-D device mesh (``"dp"``, ``"tp"``) of shape (N / ``TP_2D``, ``TP_2D``): ranks 2g and
+    2g + 1 are pair g (``mesh["tp"]``); the ranks with the same place in their pairs share
+    ``mesh["dp"]``, over which FSDP shards."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(device_type, (tp_pairs(world_size), TP_2D), mesh_dim_names=("dp", "tp"))
+
+
+def apply_fsdp_tp(model: DecoderOnlyLM, mesh, *, vocab_parallel: bool = True) -> DecoderOnlyLM:
+    """2-D parallelism: tensor parallelism over ``mesh["tp"]`` first (:func:`apply_tensor_parallel`),
+    then FSDP over ``mesh["dp"]`` (:func:`apply_fsdp`), which shards every rank's tensor-parallel
+    piece again by its first dimension. Within a node, tensor parallelism's per-layer
+    all-reduces take the fast links; across nodes, FSDP's all-gathers and reduce-scatters,
+    which can overlap the compute, take the slower network."""
+    apply_tensor_parallel(model, mesh["tp"], vocab_parallel=vocab_parallel)
+    return apply_fsdp(model, mesh["dp"])
 
 
 def qkv_rows_by_rank(n_heads: int, n_kv_heads: int, head_dim: int, degree: int) -> Tensor:
@@ -469,11 +521,12 @@ def _gather_whole(scheme: str, module: nn.Module, pick) -> dict[str, Tensor]:
     mine = {n: pick(p) for n, p in named if pick(p) is not None}
     if scheme == "ddp":
         return {n: t.detach().cpu().clone() for n, t in mine.items()}
-    if scheme in ("fsdp", "tp"):
+    if scheme in ("fsdp", "tp", "fsdp_tp"):
         full = {n: (t.full_tensor() if isinstance(t, DTensor) else t).detach().cpu() for n, t in mine.items()}
-        if scheme == "tp":
+        if scheme in ("tp", "fsdp_tp"):
             cfg = module.cfg
-            order = qkv_rows_by_rank(cfg.n_heads, cfg.kv_heads, cfg.head_dim, dist.get_world_size())
+            degree = dist.get_world_size() if scheme == "tp" else TP_2D
+            order = qkv_rows_by_rank(cfg.n_heads, cfg.kv_heads, cfg.head_dim, degree)
             for name in [n for n in full if ".attn.qkv." in n]:
                 full[name] = full[name][order.argsort()]
         return full

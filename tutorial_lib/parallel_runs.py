@@ -36,6 +36,7 @@ from .parallel import (
     CommCounter,
     apply_ddp,
     apply_fsdp,
+    apply_fsdp_tp,
     apply_tensor_parallel,
     build_pipeline,
     expected_memory,
@@ -48,6 +49,8 @@ from .parallel import (
     pipeline_timeline,
     rank_parameters,
     sync_tied_embedding,
+    tp_pairs,
+    two_d_mesh,
 )
 from .train import param_group_names
 
@@ -64,7 +67,8 @@ class Case:
 
     ``batch`` is the *global* batch (windows of ``block`` characters per optimiser step): data
     parallelism gives each of N ranks batch / N of them, tensor parallelism gives every rank all
-    of them, pipeline parallelism cuts them into ``microbatches``. ``schedule`` (pipeline) and
+    of them, fsdp_tp gives each of the N / 2 tensor-parallel pairs batch / (N / 2) of them,
+    pipeline parallelism cuts them into ``microbatches``. ``schedule`` (pipeline) and
     ``vocab_parallel`` (tensor parallelism: split the embedding and the head by vocabulary) only
     matter to their scheme. ``weights=False`` leaves the trained weights and the gradients out
     of the result. ``tied_reduce="mean"`` makes a pipeline of a tied model average the two
@@ -170,7 +174,7 @@ def prepare(case: Case, rank: int, world_size: int, device: torch.device):
     model = DecoderOnlyLM(cfg).to(device)
     decay = set(param_group_names(model)["decay"])  # names every plan keeps
     build = {"ddp": data_parallel_step, "fsdp": data_parallel_step, "tp": tensor_parallel_step,
-             "pp": pipeline_step}[case.scheme]
+             "pp": pipeline_step, "fsdp_tp": two_d_step}[case.scheme]
     module, step, log = build(case, model, rank, world_size, device)
     optimizer = make_adamw(module.module if case.scheme == "ddp" else module, decay, case.lr)
     return cfg, module, optimizer, step, log
@@ -208,6 +212,27 @@ def tensor_parallel_step(case: Case, model: DecoderOnlyLM, rank: int, world_size
         with context():  # the loss from logits split by vocabulary
             loss = module(ids, targets).loss  # every rank: the whole batch
             loss.backward()
+        return local_tensor(loss), None
+
+    return module, step, None
+
+
+def two_d_step(case: Case, model: DecoderOnlyLM, rank: int, world_size: int, device: torch.device):
+    """FSDP across tensor-parallel pairs (:func:`tutorial_lib.parallel.apply_fsdp_tp`): pair g
+    runs its 1/G of the global batch, both of its ranks the same rows, each through its slices
+    of every matrix; the loss is computed from the split logits as in tensor parallelism.
+    Returns (module, step, None)."""
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    mesh = two_d_mesh(device.type, world_size)
+    module = apply_fsdp_tp(model, mesh, vocab_parallel=case.vocab_parallel)
+    context = loss_parallel if case.vocab_parallel else nullcontext
+    pair, pairs = mesh["dp"].get_local_rank(), tp_pairs(world_size)
+
+    def step(ids, targets):
+        with context():
+            loss = module(*shard((ids, targets), pair, pairs)).loss  # this pair's rows
+            loss.backward()  # tp's all-reduces within the pair, FSDP's reduce-scatter across pairs
         return local_tensor(loss), None
 
     return module, step, None
@@ -286,7 +311,7 @@ def _global_losses(scheme: str, losses: list[float], world_size: int, device: to
     """The global batch's loss at every step: the mean of the data-parallel ranks' losses (equal
     token counts), tensor parallelism's (the same on every rank), or the pipeline's last stage's
     mean over its micro-batches."""
-    if scheme in ("ddp", "fsdp"):
+    if scheme in ("ddp", "fsdp", "fsdp_tp"):  # fsdp_tp: both ranks of a pair hold its loss
         total = torch.tensor(losses, dtype=torch.float64, device=device)  # NCCL reduces GPU tensors only
         dist.all_reduce(total)
         return (total / world_size).tolist()
