@@ -1,4 +1,4 @@
-"""tutorial_lib.norm_order, the probes of notebook 04: per-layer gradient norms of matched pre-LN
+"""tutorial_lib.norm_order, the probes of notebooks 04 and 08b: per-layer gradient norms of matched pre-LN
 and post-LN stacks at initialisation, and the warmup / learning-rate sweep."""
 
 import math

@@ -1,4 +1,4 @@
-"""The training plots of notebook 08 draw what they are given, with titles and labels."""
+"""The training plots of notebooks 08, 08a and 08b draw what they are given, with titles and labels."""
 
 import math
 

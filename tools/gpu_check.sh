@@ -16,7 +16,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-build/gpu}
 PYTHON=${PYTHON:-python3}
 PER_NOTEBOOK=${PER_NOTEBOOK:-300}   # seconds each notebook may take (the budget is 180 s of training)
-NOTEBOOKS=${NOTEBOOKS:-"00 01 02 03 04 05 06 07 07a 08 09 10 11 12"}
+NOTEBOOKS=${NOTEBOOKS:-"00 01 02 03 04 05 06 06a 07 07a 08 08a 08b 09 10 11 12"}
 export MPLBACKEND=Agg PYTHONUNBUFFERED=1
 mkdir -p "$OUT" "$OUT/notebooks"
 

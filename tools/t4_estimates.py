@@ -174,16 +174,12 @@ def plan_03(s) -> list[Run]:
 
 
 def plan_04(s) -> list[Run]:
-    probe, sweep, mlm = s["probe_setting"], s["sweep_setting"], s["mlm_setting"]
+    probe, mlm = s["probe_setting"], s["mlm_setting"]
     del probe  # gradient norms at initialisation: one backward pass per trial, no optimiser step
-    tagger = ModelConfig(family="encoder", vocab_size=10, d_model=32, n_heads=4, n_layers=12, ffn="relu", max_len=12)
+    # the warm-up sweep that 04 ran before issue 26 moved out of it (to 08b_stability_studies)
     cfg = ModelConfig(family="encoder", vocab_size=char_vocab() + 3, d_model=mlm["d_model"], n_heads=4,
                       n_layers=mlm["n_layers"], max_len=64, ffn="gelu", positions="rope")
-    # warmup_sweep: 2 norm orders x (no warmup, warmup) x each learning rate; train's default fp32
-    sweep_runs = 2 * 2 * len(sweep["lrs"])  # .get below: versions without the key ran a fixed 60 steps
-    return [Run(f"warm-up sweep ({sweep_runs} runs)", sweep_runs * sweep.get("steps", 60),
-                mlm_step(tagger, 32, 12), "fp32"),
-            Run("masked language model", mlm["steps"], mlm_step(cfg, mlm["batch"], 64))]
+    return [Run("masked language model", mlm["steps"], mlm_step(cfg, mlm["batch"], 64))]
 
 
 def _dates():
@@ -200,26 +196,33 @@ def plan_05(s) -> list[Run]:
 
 
 def plan_06(s) -> list[Run]:
-    S, A, D, dates = s["S"], s["A"], s["D"], _dates()
+    S, A = s["S"], s["A"]
     gpt = dataclasses.replace(GPT_TINY, vocab_size=char_vocab(), d_model=S["d_model"], n_layers=S["n_layers"],
                               n_heads=S["n_heads"], max_len=S["block"])
-    block_a = A.get("block", S["block"])  # .get: versions without the key used S's block, batch, D's shape
+    block_a = A.get("block", S["block"])  # .get: versions without the key used S's block and batch
     # the ablation: GPT, five one-change variants ending at the LLaMA design, and two more GPT seeds;
     # each run is counted at the costlier of the two ends
     ends = [dataclasses.replace(base, vocab_size=char_vocab(), d_model=A["d_model"], n_layers=A["n_layers"],
                                 n_heads=A["n_heads"], max_len=block_a) for base in (GPT_TINY, LLAMA_TINY)]
     ablation = max(lm_step(cfg, A.get("batch", S["batch"]), block_a) for cfg in ends)
+    return [Run("character GPT", S["steps"], lm_step(gpt, S["batch"], S["block"])),
+            Run("GPT -> LLaMA ablation (8 runs)", 8 * A["steps"], ablation)]
+
+
+def plan_06a(s) -> list[Run]:
+    D, dates = s["D"], _dates()
     encdec = dates.model_config(d_model=D["d_model"], d_ff=D.get("d_ff", 4 * D["d_model"]),
                                 n_layers=D.get("n_layers", 2))
     prompt = dates.MAX_SOURCE_LEN + 1 + dates.TARGET_LEN  # source, separator, answer and EOS
     decoder = dataclasses.replace(encdec, family="decoder", vocab_size=dates.SOURCE.vocab_size, src_vocab_size=None,
                                   n_layers=2 * encdec.n_layers, n_decoder_layers=None, share_embeddings=False,
                                   positions="rope", max_len=prompt)
-    return [Run("character GPT", S["steps"], lm_step(gpt, S["batch"], S["block"])),
-            Run("GPT -> LLaMA ablation (8 runs)", 8 * A["steps"], ablation),
-            Run("encoder-decoder on dates", D["steps"],
+    # the encoder-only model: the same blocks over source, separator and ten slots, plus BERT's MLM head
+    encoder = dataclasses.replace(decoder, family="encoder", vocab_size=dates.SOURCE.vocab_size + 1)
+    return [Run("encoder-decoder on dates", D["steps"],
                 seq2seq_step(encdec, D["batch"], dates.MAX_SOURCE_LEN + 1, dates.TARGET_LEN)),
-            Run("decoder-only and prefix-LM on dates", 2 * D["steps"], lm_step(decoder, D["batch"], prompt))]
+            Run("decoder-only and prefix-LM on dates", 2 * D["steps"], lm_step(decoder, D["batch"], prompt)),
+            Run("encoder-only on dates", D["steps"], mlm_step(encoder, D["batch"], prompt - 1))]
 
 
 def plan_07a(s) -> list[Run]:
@@ -242,10 +245,31 @@ def plan_08(s) -> list[Run]:
     step = lm_step(base, g["batch"], g["block"])
     return [Run("baseline", g["steps"], step),
             Run("two broken runs (labels, mask)", 2 * g["steps"], step, "fp32"),
-            Run("spike: trunk and two forks", 30 + 2 * 30, step, "fp32"),
-            Run("precision: fp32", 30, step, "fp32"),
-            Run("precision: bf16 (emulated on a T4)", 30, step, "bf16"),
-            Run("accumulation, overflow, fp16 check", 3 + 3 + 10, step, "fp32")]
+            Run("spike: trunk and three one-step forks", 30 + 3, step, "fp32"),
+            Run("an overflow at step 5 (the checklist)", 10, step, "fp32")]
+
+
+def plan_08a(s) -> list[Run]:
+    g = s["setting"]
+    base = ModelConfig(family="decoder", vocab_size=char_vocab(), d_model=g["d_model"], n_layers=g["n_layers"],
+                       n_heads=4, max_len=g["block"])
+    step = lm_step(base, g["batch"], g["block"])
+    # the checkpoint section (a fixed d=64 model) and the DDP runs (d=32) keep their CPU size: not counted
+    return [Run("precision: fp32", g["steps"], step, "fp32"),
+            Run("precision: bf16 (emulated on a T4)", g["steps"], step, "bf16"),
+            Run("precision: fp16 with the gradient scaler", g["steps"], step, "fp16"),
+            Run("accumulation: six gradients by hand, then 3 + 3 steps", 6 + 3 + 3, step, "fp32")]
+
+
+def plan_08b(s) -> list[Run]:
+    sweep = s["sweep_setting"]
+    # the warmup sweep: 2 norm orders x (no warmup, warmup) x each learning rate, on a fixed 6-layer
+    # d=64 model with an untied head and batches of 16 x 32; train's default fp32. The rest of the
+    # notebook is forward and backward passes at initialisation, no optimiser step
+    cfg = ModelConfig(family="decoder", vocab_size=char_vocab(), d_model=64, n_layers=6, n_heads=4, max_len=32,
+                      scale_embeddings=True, tie_embeddings=False)
+    runs = 2 * 2 * len(sweep["lrs"])
+    return [Run(f"warm-up sweep ({runs} runs)", runs * sweep["steps"], lm_step(cfg, 16, 32), "fp32")]
 
 
 def plan_09(s) -> list[Run]:
@@ -281,8 +305,9 @@ def plan_12(s) -> list[Run]:
 
 
 PLANS: dict[str, Callable[[dict[str, dict]], list[Run]]] = {
-    "00": plan_00, "03": plan_03, "04": plan_04, "05": plan_05, "06": plan_06, "07a": plan_07a, "08": plan_08,
-    "09": plan_09, "11": plan_11, "12": plan_12}
+    "00": plan_00, "03": plan_03, "04": plan_04, "05": plan_05, "06": plan_06, "06a": plan_06a,
+    "07a": plan_07a, "08": plan_08,
+    "08a": plan_08a, "08b": plan_08b, "09": plan_09, "11": plan_11, "12": plan_12}
 
 
 class _Reads(dict):

@@ -32,7 +32,7 @@ grouped as the course uses them (the README's section "The package" has the same
 |                       | `sft.py`             | chat data with a loss on the assistant's tokens only; date answers    |
 |                       | `dpo.py`             | direct preference optimisation: the loss, preference pairs            |
 | training              | `data.py`            | character tokenizer, the built-in corpus, LM batches, padding         |
-|                       | `dates.py`           | the date-normalisation task of notebooks 05 and 06                    |
+|                       | `dates.py`           | the date-normalisation task of notebooks 05, 06a, 08 and 12           |
 |                       | `train.py`           | schedules, AdamW groups, label smoothing, the training loop           |
 |                       | `gpu_loop.py`        | train()'s steps on a CUDA GPU, read back every few steps              |
 |                       | `checkpoint.py`      | atomic checkpoints that resume a run exactly                          |

@@ -1,4 +1,5 @@
-"""The date task of notebook 05: dates written the ways people write them, mapped to ISO dates.
+"""The date task of notebook 05 (used again in 06a, 08 and 12): dates written the ways people
+write them, mapped to ISO dates.
 
     "3rd of March 1998", "03/03/98", "March 3, 1998", "Tuesday, 3 March 1998"  ->  "1998-03-03"
 
@@ -20,7 +21,7 @@ aside. Training batches are drawn from the other dates only, and every source st
 to one date, so no held-out source string ever occurs in training. :func:`held_out_examples`
 is a fixed list drawn from the held-out dates.
 
-The API (notebook 05 and the decoder-only comparison of notebook 06 use it)::
+The API (notebook 05 and the comparison of the three families in notebook 06a use it)::
 
     batch = train_batch(64, generator)            # DateBatch: src, tgt_in, tgt_out, keep flags
     examples = held_out_examples()                # 1,000 fixed DateExamples (source, target, ...)

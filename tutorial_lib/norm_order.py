@@ -1,4 +1,4 @@
-"""Pre-LN against post-LN (notebook 04): where a residual block puts its norm decides how
+"""Pre-LN against post-LN (notebooks 04 and 08b): where a residual block puts its norm decides how
 gradients flow through a deep stack and whether training needs a warmup.
 
 Two probes, on encoder stacks of this course:

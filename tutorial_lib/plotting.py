@@ -309,7 +309,7 @@ def plot_parameter_growth(xs: Sequence[float], breakdowns: Sequence[dict[str, in
     return ax
 
 
-# ---- norm orders and gradient probes (notebook 04) --------------------------------------------
+# ---- norm orders and gradient probes (notebooks 04 and 08b) -----------------------------------
 
 _ORDER_COLOURS = {"pre": "tab:blue", "post": "tab:orange"}
 

@@ -367,7 +367,7 @@ def train(model: nn.Module, get_batch: Callable[[int], tuple], steps: int, *,
     not for padded batches, where a target in a sparse micro-batch weighs more. Exact in every
     case: each micro-batch's *summed* loss divided by the number of non-ignored targets of the
     whole step, i.e. a compute_loss that returns ``summed_loss * accumulation_steps / step_count``
-    (notebook 08, section 10, shows the difference and the fix).
+    (notebook 08a, section 4, shows the difference and the fix).
 
     On a CUDA GPU, with an optimizer that can skip an update on the device (torch's fused AdamW,
     which :func:`make_optimizer` builds there) and no callbacks, the loop does not wait for the
