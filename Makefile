@@ -23,9 +23,8 @@ $(STAMP): pyproject.toml
 lab: install  ## install everything and open JupyterLab on the notebooks
 	$(PY) -m jupyter lab $(LAB_START)
 
-test: install  ## install everything and run the whole suite on every core: unit tests and every notebook (nbval)
-	# one worker per core; loadscope keeps each notebook's cells (and each test module) in one worker, in order
-	$(PY) -m pytest -n auto --dist loadscope
+test: install  ## install everything and run the whole suite: unit tests and every notebook (nbval)
+	$(PY) -m pytest
 
 unit: install  ## the unit tests alone, without the notebooks
 	$(PY) -m pytest tests
